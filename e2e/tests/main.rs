@@ -1,0 +1,7 @@
+//! End-to-end tests against a real kube-apiserver and etcd (see `e2e/harness`). One test
+//! binary, one control plane; every test works in its own namespace with its own
+//! Leasehold processes.
+
+mod controller;
+mod controlplane;
+mod support;

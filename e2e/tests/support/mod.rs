@@ -1,0 +1,285 @@
+//! Helpers shared by the end-to-end tests: the CRD, Leasehold processes (controllers,
+//! sidecars) spawned from the binary under test, "pods" (a Pod object plus a Pod-bound
+//! client), and waits on watch events.
+
+#![allow(dead_code)] // Each test module uses a different subset.
+
+pub mod watch;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use leasehold::claim::Claimant;
+use leasehold::crd::{DistributedLock, DistributedLockSpec};
+use leasehold::lease::Identity;
+use leasehold_harness::{ControlPlane, Supervised, TestNamespace, eventually, shared};
+
+/// The binary under test.
+pub fn leasehold_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_leasehold")
+}
+
+/// A free loopback port (bound and released; the caller binds it next).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Installs the DistributedLock CRD (idempotent) and waits until it is established.
+pub async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = DistributedLock::crd();
+    let name = crd.name_any();
+    crds.patch(&name, &PatchParams::apply("leasehold-e2e").force(), &Patch::Apply(&crd)).await.expect("apply the CRD");
+    tokio::time::timeout(Duration::from_secs(30), await_condition(crds, &name, conditions::is_crd_established()))
+        .await
+        .expect("CRD established within 30s")
+        .expect("watch the CRD");
+}
+
+/// A test's world: the shared control plane, a fresh namespace with the CRD installed.
+pub struct Env {
+    /// The control plane.
+    pub cp: &'static ControlPlane,
+    /// The test's namespace.
+    pub ns: TestNamespace,
+}
+
+impl Env {
+    /// A fresh namespace on the shared control plane, CRD installed.
+    pub async fn new(prefix: &str) -> Env {
+        let cp = shared();
+        let ns = cp.namespace(prefix).await;
+        install_crd(&ns.client).await;
+        Env { cp, ns }
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.ns.name
+    }
+
+    /// DistributedLocks of the namespace.
+    pub fn locks(&self) -> Api<DistributedLock> {
+        Api::namespaced(self.ns.client.clone(), &self.ns.name)
+    }
+
+    /// Leases of the namespace.
+    pub fn leases(&self) -> Api<k8s_openapi::api::coordination::v1::Lease> {
+        Api::namespaced(self.ns.client.clone(), &self.ns.name)
+    }
+
+    /// Creates a lock with the given spec.
+    pub async fn lock(&self, name: &str, spec: DistributedLockSpec) -> DistributedLock {
+        self.locks().create(&PostParams::default(), &DistributedLock::new(name, spec)).await.expect("create the lock")
+    }
+
+    /// Starts a controller scoped to this namespace (its own election Lease here too).
+    pub async fn controller(&self, extra: &[&str]) -> LeaseholdProcess {
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let identity = format!("controller-{}", admin.port());
+        let mut command = Command::new(leasehold_bin());
+        command
+            .args(["controller", "--namespace", self.name(), "--election-namespace", self.name()])
+            .args(["--admin-addr", &admin.to_string(), "--identity", &identity])
+            .args(extra)
+            .env("KUBECONFIG", self.cp.kubeconfig_path())
+            .env("RUST_LOG", "info,kube=warn");
+        let process = LeaseholdProcess::spawn(&identity, command, admin);
+        process.wait_ready().await;
+        process
+    }
+
+    /// A "pod": a ServiceAccount, a Pod object, and a client holding a token bound to it.
+    pub async fn pod(&self, name: &str) -> TestPod {
+        let sa = format!("sa-{name}");
+        self.ns.service_account(&sa).await;
+        let pod = self.ns.pod(name, &sa, &[]).await;
+        let token = self.ns.pod_token(&sa, &pod).await;
+        let client = self.cp.client_with_token(&token).await;
+        TestPod {
+            name: name.to_owned(),
+            uid: pod.uid().expect("a stored Pod has a uid"),
+            service_account: sa,
+            token,
+            client,
+            pod,
+        }
+    }
+
+    /// Waits until `pod` may create Leases here (the controller prepares claimant RBAC
+    /// once the namespace has a lock).
+    pub async fn wait_claim_rbac(&self, pod: &TestPod) {
+        let reviews: Api<SelfSubjectAccessReview> = Api::all(pod.client.clone());
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(self.name().to_owned()),
+                    verb: Some("create".into()),
+                    group: Some("coordination.k8s.io".into()),
+                    resource: Some("leases".into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        eventually("claimant RBAC prepared by the controller", Duration::from_secs(30), || async {
+            let answer = reviews.create(&PostParams::default(), &review).await.map_err(|e| e.to_string())?;
+            if answer.status.is_some_and(|s| s.allowed) { Ok(()) } else { Err("not allowed yet".to_owned()) }
+        })
+        .await;
+    }
+
+    /// Where process logs go.
+    pub fn log_dir(&self) -> PathBuf {
+        let dir = std::env::temp_dir().join("leasehold-e2e").join(self.name());
+        std::fs::create_dir_all(&dir).expect("create the log directory");
+        dir
+    }
+}
+
+/// A simulated pod: its Pod object and a client with a Pod-bound token.
+pub struct TestPod {
+    /// Pod name.
+    pub name: String,
+    /// Pod UID.
+    pub uid: String,
+    /// Its ServiceAccount.
+    pub service_account: String,
+    /// The Pod-bound token.
+    pub token: String,
+    /// A client using that token.
+    pub client: Client,
+    /// The stored Pod.
+    pub pod: Pod,
+}
+
+impl TestPod {
+    /// This pod's claimant identity.
+    pub fn identity(&self) -> Identity {
+        Identity::for_pod(&self.name, &self.uid)
+    }
+
+    /// A claimant acting as this pod.
+    pub fn claimant(&self, namespace: &str) -> Claimant {
+        Claimant::new(self.client.clone(), namespace, self.identity(), "leasehold-e2e")
+    }
+}
+
+/// A Leasehold process under test, killed on drop.
+pub struct LeaseholdProcess {
+    /// The process.
+    pub process: Option<Supervised>,
+    /// Its admin address.
+    pub admin: SocketAddr,
+    /// Its name.
+    pub name: String,
+}
+
+impl LeaseholdProcess {
+    /// Spawns `command` with its output in a log file.
+    pub fn spawn(name: &str, command: Command, admin: SocketAddr) -> LeaseholdProcess {
+        let log = std::env::temp_dir().join(format!("leasehold-e2e-{name}-{}.log", std::process::id()));
+        let process = Supervised::spawn(name, command, &log).expect("spawn a leasehold process");
+        LeaseholdProcess { process: Some(process), admin, name: name.to_owned() }
+    }
+
+    fn process(&self) -> &Supervised {
+        self.process.as_ref().expect("the process is running")
+    }
+
+    /// GETs `path` on the admin server; `None` if it does not answer.
+    pub async fn admin_get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.admin, path).await
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&self) {
+        let what = format!("{} ready at {}", self.name, self.admin);
+        eventually(&what, Duration::from_secs(60), || async {
+            match self.admin_get("/readyz").await {
+                Some((200, _)) => Ok(()),
+                other => Err(format!("{other:?}; log tail:\n{}", self.process().log_tail(20))),
+            }
+        })
+        .await;
+    }
+
+    /// The value of an unlabelled metric, if exposed.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.admin_get("/metrics").await?;
+        body.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, signal: i32) {
+        self.process().signal(signal);
+    }
+
+    /// SIGKILLs and reaps the process.
+    pub fn kill(&mut self) {
+        if let Some(p) = self.process.take() {
+            p.kill_and_reap();
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the exit; returns the exit code.
+    pub async fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        let process = self.process.as_mut().expect("the process is running");
+        process.signal(libc::SIGTERM);
+        let status = process.wait_exit(timeout).await;
+        status.and_then(|s| s.code())
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.as_ref().map(|p| p.log_tail(lines)).unwrap_or_default()
+    }
+}
+
+/// GET over loopback; `None` if nothing answers.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    http_request(addr, "GET", path, None).await
+}
+
+/// One HTTP/1.1 request over loopback (hyper); `None` if nothing answers.
+pub async fn http_request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+    use http_body_util::BodyExt;
+    let response = http_send(addr, method, path, body).await?;
+    let status = response.status().as_u16();
+    let bytes = tokio::time::timeout(Duration::from_secs(120), response.into_body().collect()).await.ok()?.ok()?;
+    Some((status, String::from_utf8_lossy(&bytes.to_bytes()).into_owned()))
+}
+
+/// Sends one request and returns the response with its body still streaming (for SSE).
+pub async fn http_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Option<hyper::Response<hyper::body::Incoming>> {
+    let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr)).await.ok()?.ok()?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.unwrap_or("").to_owned())))
+        .ok()?;
+    sender.send_request(request).await.ok()
+}

@@ -1,0 +1,263 @@
+//! The claimant side of the protocol, as a small Rust API: claim a lock, wait for the
+//! controller's grant, confirm it by compare-and-swap, renew with self-fencing, release.
+//! The sidecar and `leasehold run` are thin shells around it.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> anyhow::Result<()> {
+//! use leasehold::{claim::Claimant, lease::Identity};
+//! let claimant = Claimant::new(client, "default", Identity::for_process(), "my-app");
+//! let hold = claimant.acquire("orders", std::time::Duration::from_secs(30)).await?;
+//! println!("holding with fencing token {}", hold.token());
+//! hold.release().await;
+//! # Ok(()) }
+//! ```
+
+pub mod edit;
+mod hold;
+mod watch;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use kube::Api;
+use tracing::{debug, info};
+
+pub use edit::LostReason;
+pub use hold::{Hold, HoldEvent, HoldStatus, ReleaseOutcome};
+pub use watch::lease_states;
+
+use crate::crd::DistributedLock;
+use crate::lease::{CasError, Identity, LeaseStore, Timing, cas::status_code};
+use crate::metrics::ClientMetrics;
+
+/// Why an acquisition failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// No DistributedLock of that name.
+    #[error("lock {namespace}/{lock} does not exist")]
+    UnknownLock {
+        /// Namespace.
+        namespace: String,
+        /// Lock name.
+        lock: String,
+    },
+    /// Not granted within the wait.
+    #[error("lock {namespace}/{lock} was not granted within {waited:?}")]
+    Timeout {
+        /// Namespace.
+        namespace: String,
+        /// Lock name.
+        lock: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The apiserver refused us (RBAC or admission).
+    #[error("not allowed to claim lock {namespace}/{lock}: {message}")]
+    Forbidden {
+        /// Namespace.
+        namespace: String,
+        /// Lock name.
+        lock: String,
+        /// The apiserver's message.
+        message: String,
+    },
+    /// Reading the DistributedLock failed.
+    #[error("failed to read lock {namespace}/{lock}: {source}")]
+    ReadLock {
+        /// Namespace.
+        namespace: String,
+        /// Lock name.
+        lock: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A Lease operation failed.
+    #[error(transparent)]
+    Lease(#[from] CasError),
+}
+
+impl AcquireError {
+    /// A short label for metrics and API error codes.
+    pub fn category(&self) -> &'static str {
+        match self {
+            AcquireError::UnknownLock { .. } => "unknown_lock",
+            AcquireError::Timeout { .. } => "timeout",
+            AcquireError::Forbidden { .. } => "forbidden",
+            AcquireError::ReadLock { .. } => "api",
+            AcquireError::Lease(e) => e.category(),
+        }
+    }
+}
+
+/// One claimant identity in one namespace.
+#[derive(Clone)]
+pub struct Claimant {
+    pub(crate) store: LeaseStore,
+    locks: Api<DistributedLock>,
+    pub(crate) identity: Identity,
+    pub(crate) metrics: Arc<ClientMetrics>,
+    /// Per lock, the highest token this claimant has ever been handed. A grant is accepted
+    /// only with a higher token, so a hold once lost is never reported held again even
+    /// if the lock Lease still names us with it.
+    pub(crate) retired: Arc<Mutex<HashMap<String, i64>>>,
+}
+
+impl Claimant {
+    /// A claimant with `identity` in `namespace`, writing with field manager `manager`.
+    pub fn new(client: kube::Client, namespace: &str, identity: Identity, manager: &'static str) -> Claimant {
+        Claimant {
+            store: LeaseStore::new(client.clone(), namespace, manager),
+            locks: Api::namespaced(client, namespace),
+            identity,
+            metrics: ClientMetrics::unregistered(),
+            retired: Arc::default(),
+        }
+    }
+
+    /// Records metrics into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<ClientMetrics>) -> Claimant {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The identity claims are made under.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        self.store.namespace()
+    }
+
+    /// Reads a lock's timing; fails with [`AcquireError::UnknownLock`] if it does not exist.
+    pub async fn timing(&self, lock: &str) -> Result<Timing, AcquireError> {
+        let (namespace, name) = (self.namespace().to_owned(), lock.to_owned());
+        match self.locks.get_opt(lock).await {
+            Ok(Some(dl)) => Ok(Timing::of(&dl.spec)),
+            Ok(None) => Err(AcquireError::UnknownLock { namespace, lock: name }),
+            Err(e) if status_code(&e) == Some(403) => {
+                Err(AcquireError::Forbidden { namespace, lock: name, message: e.to_string() })
+            }
+            Err(source) => Err(AcquireError::ReadLock { namespace, lock: name, source }),
+        }
+    }
+
+    /// Claims `lock`, waits up to `wait` for the grant and confirms it. Dropping the
+    /// returned future withdraws the claim.
+    pub async fn acquire(&self, lock: &str, wait: Duration) -> Result<Hold, AcquireError> {
+        let started = Instant::now();
+        let timing = self.timing(lock).await?;
+        let mut guard = Withdraw { claimant: self.clone(), lock: lock.to_owned(), armed: true };
+        // Watch before claiming, so the grant cannot slip between claim and watch.
+        let mut states = lease_states(self.store.api().clone(), lock).boxed();
+        self.ensure_claim(lock, &timing).await?;
+        let refresh = claim_refresh(&timing);
+        let mut next_refresh = tokio::time::Instant::now() + refresh;
+        let deadline = tokio::time::Instant::from_std(started + wait);
+        let floor = self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or(0);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {
+                    guard.armed = false;
+                    self.withdraw(lock).await;
+                    return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
+                }
+                _ = tokio::time::sleep_until(next_refresh) => {
+                    self.ensure_claim(lock, &timing).await?;
+                    next_refresh = tokio::time::Instant::now() + refresh;
+                }
+                state = states.next() => {
+                    let Some(Some(lease)) = state else { continue };
+                    let Some(token) = edit::granted_token(&lease, &self.identity).filter(|t| *t > floor) else { continue };
+                    let sent = Instant::now();
+                    match self.store.replace(&edit::renewed(&lease, Timestamp::now())).await {
+                        Ok(confirmed) => {
+                            guard.armed = false;
+                            self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
+                            info!(namespace = %self.namespace(), lock, token, identity = %self.identity, "acquired");
+                            return Ok(Hold::start(self.clone(), lock, token, timing, confirmed, sent, states));
+                        }
+                        // The grant moved on before we confirmed it (or the Lease is being
+                        // re-created): that grant is not ours; keep waiting.
+                        Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => {
+                            debug!(lock, token, "grant changed before confirmation");
+                        }
+                        Err(CasError::Forbidden { message, .. }) => {
+                            return Err(AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message });
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates our claim on `lock`, or refreshes it if it exists.
+    async fn ensure_claim(&self, lock: &str, timing: &Timing) -> Result<(), AcquireError> {
+        let ttl = i32::try_from(claim_ttl(timing).as_secs()).unwrap_or(i32::MAX);
+        let name = self.identity.claim_name(lock);
+        let forbidden =
+            |message| AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message };
+        match self.store.get(&name).await? {
+            None => match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
+                Ok(_) | Err(CasError::AlreadyExists { .. }) => Ok(()),
+                Err(CasError::Forbidden { message, .. }) => Err(forbidden(message)),
+                Err(e) => Err(e.into()),
+            },
+            Some(existing) => match self.store.replace(&edit::renewed(&existing, Timestamp::now())).await {
+                // Someone else wrote it meanwhile (the controller deleting a stale claim):
+                // the next refresh sees the outcome.
+                Ok(_) | Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => Ok(()),
+                Err(CasError::Forbidden { message, .. }) => Err(forbidden(message)),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// Withdraws from `lock`: deletes our claim, then gives back a grant that may have
+    /// arrived meanwhile (never confirmed, so never reported held).
+    pub(crate) async fn withdraw(&self, lock: &str) {
+        if let Err(e) = self.store.delete(&self.identity.claim_name(lock), None).await {
+            debug!(lock, error = %e, "failed to delete claim");
+        }
+        if let Ok(Some(lease)) = self.store.get(lock).await
+            && edit::holder(&lease) == Some(self.identity.id.as_str())
+            && let Err(e) = self.store.replace(&edit::released(&lease)).await
+        {
+            debug!(lock, error = %e, "failed to give back an unconfirmed grant");
+        }
+    }
+}
+
+/// How long a waiting claim lives without refresh; the controller drops older ones.
+pub fn claim_ttl(timing: &Timing) -> Duration {
+    (timing.lease_duration * 3).max(Duration::from_secs(30))
+}
+
+/// How often a waiting claimant refreshes its claim.
+fn claim_refresh(timing: &Timing) -> Duration {
+    claim_ttl(timing) / 3
+}
+
+/// Withdraws a claim when an acquisition is abandoned (its future dropped).
+struct Withdraw {
+    claimant: Claimant,
+    lock: String,
+    armed: bool,
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        if self.armed
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let (claimant, lock) = (self.claimant.clone(), std::mem::take(&mut self.lock));
+            runtime.spawn(async move { claimant.withdraw(&lock).await });
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! What every reconcile shares: clients, watch caches, metrics, and the controller's memory
+//! of what it has seen (on its own monotonic clock).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Client;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+
+use crate::crd::{DistributedLock, DistributedLockStatus};
+use crate::lease::clock::Sighting;
+use crate::lease::election::Leadership;
+use crate::metrics::ControllerMetrics;
+
+/// Controller settings that reconciles read.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Revoke grants not confirmed within this.
+    pub confirm_timeout: Duration,
+    /// Grant sidecar permissions per namespace from each lock's `spec.clients`.
+    pub manage_rbac: bool,
+}
+
+/// A lock's key: namespace and name.
+pub type LockKey = (String, String);
+
+/// What identifies one renewal of a hold.
+pub type HolderKey = (String, Option<i64>, Option<MicroTime>);
+
+/// The controller's memory of one lock, valid for one leadership term.
+#[derive(Default)]
+pub struct LockMemory {
+    /// The DistributedLock's UID (memory of an earlier incarnation is dropped).
+    pub uid: String,
+    /// Since when the current hold's renewal record has been unchanged.
+    pub holder: Option<Sighting<HolderKey>>,
+    /// Per claim UID, since when its refresh has been unchanged.
+    pub claims: HashMap<String, Sighting<Option<MicroTime>>>,
+    /// The status last applied.
+    pub status: Option<DistributedLockStatus>,
+    /// The lock Lease as last written by us, with the resourceVersion it replaced: used
+    /// instead of the cache while the cache still shows that older version.
+    pub written: Option<(Option<String>, Lease)>,
+}
+
+/// Shared by all reconciles.
+pub struct Context {
+    /// Client (admin of what the chart's RBAC allows).
+    pub client: Client,
+    /// Cached DistributedLocks.
+    pub locks: Store<DistributedLock>,
+    /// Cached lock and claim Leases.
+    pub leases: Store<Lease>,
+    /// Cached Pod metadata.
+    pub pods: Store<PartialObjectMeta<Pod>>,
+    /// Metrics.
+    pub metrics: Arc<ControllerMetrics>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Settings.
+    pub settings: Settings,
+    /// Leadership.
+    pub leadership: Leadership,
+    /// Per-lock memory, reset at every new leadership term.
+    pub memory: Mutex<(u64, HashMap<LockKey, LockMemory>)>,
+    /// The highest token this process has issued per lock. Survives terms and lock
+    /// re-creation: one more source that keeps tokens increasing.
+    pub tokens: Mutex<HashMap<LockKey, i64>>,
+    /// Which locks each holder Pod holds, so a Pod event finds its locks.
+    pub holders: Arc<Mutex<HolderIndex>>,
+    /// Namespaces whose claimant RBAC is in place, with the subjects bound.
+    pub rbac: Mutex<HashMap<String, String>>,
+}
+
+impl Context {
+    /// Runs `f` on the memory of `key`, resetting it first if the leadership term or the
+    /// lock's UID changed.
+    pub fn with_memory<T>(&self, key: &LockKey, uid: &str, f: impl FnOnce(&mut LockMemory) -> T) -> T {
+        let mut guard = self.memory.lock().expect("controller memory is never poisoned");
+        let term = self.leadership.term();
+        if guard.0 != term {
+            *guard = (term, HashMap::new());
+        }
+        let memory = guard.1.entry(key.clone()).or_default();
+        if memory.uid != uid {
+            *memory = LockMemory { uid: uid.to_owned(), ..LockMemory::default() };
+        }
+        f(memory)
+    }
+
+    /// Highest token this process issued for `key`.
+    pub fn issued(&self, key: &LockKey) -> i64 {
+        self.tokens.lock().expect("token memory is never poisoned").get(key).copied().unwrap_or(0)
+    }
+
+    /// Records an issued (or reserved) token.
+    pub fn record_issued(&self, key: &LockKey, token: i64) {
+        let mut tokens = self.tokens.lock().expect("token memory is never poisoned");
+        let t = tokens.entry(key.clone()).or_default();
+        *t = (*t).max(token);
+    }
+
+    /// Records which Pod holds `key` (or none).
+    pub fn record_holder(&self, key: &LockKey, pod: Option<&str>) {
+        self.holders.lock().expect("holder index is never poisoned").set(key, pod);
+    }
+}
+
+/// Holder Pods and their locks, both ways.
+#[derive(Default)]
+pub struct HolderIndex {
+    by_lock: HashMap<LockKey, String>,
+    by_pod: HashMap<(String, String), HashSet<String>>,
+}
+
+impl HolderIndex {
+    /// Records that `pod` (or nobody) holds `lock`.
+    pub fn set(&mut self, lock: &LockKey, pod: Option<&str>) {
+        if let Some(old) = self.by_lock.remove(lock) {
+            let pod_key = (lock.0.clone(), old);
+            if let Some(locks) = self.by_pod.get_mut(&pod_key) {
+                locks.remove(&lock.1);
+                if locks.is_empty() {
+                    self.by_pod.remove(&pod_key);
+                }
+            }
+        }
+        if let Some(pod) = pod {
+            self.by_lock.insert(lock.clone(), pod.to_owned());
+            self.by_pod.entry((lock.0.clone(), pod.to_owned())).or_default().insert(lock.1.clone());
+        }
+    }
+
+    /// The locks held by Pod `name` in `namespace`.
+    pub fn locks_of(&self, namespace: &str, name: &str) -> Vec<String> {
+        self.by_pod
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_index_tracks_moves() {
+        let mut index = HolderIndex::default();
+        let (a, b) = (("ns".to_owned(), "a".to_owned()), ("ns".to_owned(), "b".to_owned()));
+        index.set(&a, Some("p1"));
+        index.set(&b, Some("p1"));
+        assert_eq!(index.locks_of("ns", "p1").len(), 2);
+        index.set(&a, Some("p2"));
+        assert_eq!(index.locks_of("ns", "p1"), vec!["b".to_owned()]);
+        assert_eq!(index.locks_of("ns", "p2"), vec!["a".to_owned()]);
+        index.set(&b, None);
+        assert!(index.locks_of("ns", "p1").is_empty());
+        assert!(index.locks_of("other", "p2").is_empty());
+    }
+}

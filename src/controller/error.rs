@@ -1,0 +1,70 @@
+//! Controller errors, each naming the object it concerns.
+
+use crate::lease::CasError;
+
+/// A failed reconcile step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Lease operation failed.
+    #[error(transparent)]
+    Lease(#[from] CasError),
+    /// Writing a lock's status failed.
+    #[error("failed to apply status of distributedlock {namespace}/{name}: {source}")]
+    Status {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Clearing the force-release annotation failed.
+    #[error("failed to clear the force-release annotation of distributedlock {namespace}/{name}: {source}")]
+    Annotation {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading a Pod failed.
+    #[error("failed to read pod {namespace}/{name}: {source}")]
+    Pod {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Preparing a namespace's RBAC for claimants failed.
+    #[error("failed to apply {kind} {namespace}/{name}: {source}")]
+    Rbac {
+        /// Role or RoleBinding.
+        kind: &'static str,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn category(&self) -> String {
+        match self {
+            Error::Lease(e) => format!("lease_{}", e.category()),
+            Error::Status { .. } => "status".into(),
+            Error::Annotation { .. } => "annotation".into(),
+            Error::Pod { .. } => "pod".into(),
+            Error::Rbac { .. } => "rbac".into(),
+        }
+    }
+}

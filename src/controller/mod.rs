@@ -1,0 +1,258 @@
+//! The controller: the arbiter that turns Leases into a fair, fenced lock.
+//!
+//! Every replica keeps its watch caches warm (DistributedLocks, lock and claim Leases,
+//! Pod metadata) and serves the admission webhooks; only the elected leader reconciles.
+//! A new term forgets everything judged on the old one's clock and reconciles every lock.
+//!
+//! Pipeline of one reconcile ([`reconcile`]): read caches → judge ages on our monotonic
+//! clock → [`decide`] (pure) → write the lock Lease by compare-and-swap ([`build`]) →
+//! delete stale claims → apply the [`status`] that follows if it changed.
+
+pub mod build;
+pub mod context;
+pub mod decide;
+pub mod error;
+pub mod queue;
+pub mod rbac;
+pub mod reconcile;
+pub mod status;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::crd::{DistributedLock, LABEL_LOCK};
+use crate::lease::election::{Elector, Leadership};
+use crate::lease::{LeaseStore, Timing};
+use crate::metrics::ControllerMetrics;
+use crate::supervise::Completion;
+use context::{Context, Settings};
+
+/// `leasehold controller` settings.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Config {
+    /// Watch and grant locks in this namespace only (default: all namespaces).
+    #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Address of the admin server (/livez, /readyz, /metrics).
+    #[arg(long, default_value = "0.0.0.0:8080", env = "LEASEHOLD_ADMIN_ADDR")]
+    pub admin_addr: SocketAddr,
+    /// Elect a leader among replicas (disable only for a single replica).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LEASEHOLD_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Namespace of the election Lease (default: the Pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub election_namespace: String,
+    /// Name of the election Lease.
+    #[arg(long, default_value = "leasehold-controller")]
+    pub election_name: String,
+    /// This replica's identity in the election (default: the Pod name, else host-random).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Election lease duration.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub election_lease_duration: Duration,
+    /// Election renew deadline.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub election_renew_deadline: Duration,
+    /// Election retry period.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub election_retry_period: Duration,
+    /// Revoke a grant its claimant has not confirmed within this.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub confirm_timeout: Duration,
+    /// Prepare claimant RBAC (Role and RoleBinding `leasehold-client`) in namespaces with locks.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub manage_rbac: bool,
+}
+
+/// Parses durations like `500ms`, `2s`, `1m30s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: jiff::SignedDuration = s.parse().map_err(|e| format!("invalid duration {s:?}: {e}"))?;
+    Duration::try_from(d).map_err(|_| format!("invalid duration {s:?}: must not be negative"))
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller until `shutdown`: election, watches, reconciler, admin server.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let client = Client::try_default().await.context("failed to build a Kubernetes client")?;
+    let identity = config.identity.clone().unwrap_or_else(|| crate::lease::Identity::for_process().id);
+    let mut registry = Registry::default();
+    let metrics = ControllerMetrics::register(&mut registry);
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let leadership = if config.leader_elect {
+        let timing = Timing {
+            lease_duration: config.election_lease_duration,
+            renew_deadline: config.election_renew_deadline,
+            retry_period: config.election_retry_period,
+        };
+        timing.validate().map_err(|e| anyhow::anyhow!("invalid election timing: {e}"))?;
+        let store = LeaseStore::new(client.clone(), &config.election_namespace, crate::crd::MANAGER_CONTROLLER);
+        let (elector, leadership) = Elector::new(store, &config.election_name, &identity, timing);
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            elector.run(stop).await;
+            Ok(Completion::Stopped)
+        });
+        leadership
+    } else {
+        Leadership::always()
+    };
+
+    // Watch caches, kept warm on every replica so that a new leader starts at once. Each
+    // stream marks its cache synced on its first complete list (kube's Store readiness
+    // future wakes only one waiter, and the Controller's runner is already that waiter).
+    let ns = config.namespace.as_deref();
+    let synced = Synced::default();
+    let (leases, lease_writer) = reflector::store::<Lease>();
+    let lease_stream = watcher(scoped::<Lease>(&client, ns), watcher::Config::default().labels(LABEL_LOCK))
+        .default_backoff()
+        .modify(|l| l.managed_fields_mut().clear())
+        .reflect(lease_writer)
+        .inspect(synced.marker("leases"))
+        .touched_objects();
+    let (pods, pod_writer) = reflector::store();
+    let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
+        .default_backoff()
+        .modify(|p| p.managed_fields_mut().clear())
+        .reflect(pod_writer)
+        .inspect(synced.marker("pods"))
+        .touched_objects();
+    let (locks, lock_writer) = reflector::store();
+    let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
+        .default_backoff()
+        .reflect(lock_writer)
+        .inspect(synced.marker("distributedlocks"))
+        .applied_objects();
+    let controller = Controller::for_stream(lock_stream, locks.clone());
+
+    let reporter = Reporter { controller: crate::crd::MANAGER_CONTROLLER.into(), instance: Some(identity.clone()) };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        locks: locks.clone(),
+        leases: leases.clone(),
+        pods: pods.clone(),
+        metrics: metrics.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        settings: Settings { confirm_timeout: config.confirm_timeout, manage_rbac: config.manage_rbac },
+        leadership: leadership.clone(),
+        memory: Mutex::default(),
+        tokens: Mutex::default(),
+        holders: Arc::default(),
+        rbac: Mutex::default(),
+    });
+
+    {
+        let (mut leadership, gauge, stop) = (leadership.clone(), metrics.leader.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let track = async {
+                loop {
+                    leadership.acquired().await;
+                    gauge.set(1);
+                    leadership.lost().await;
+                    gauge.set(0);
+                }
+            };
+            tokio::select! { _ = stop.cancelled() => Ok(Completion::Stopped), _ = track => Ok(Completion::Stopped) }
+        });
+    }
+
+    let holders = ctx.holders.clone();
+    let new_terms = futures::stream::unfold(leadership.terms(), |mut terms| async move {
+        terms.changed().await.ok()?;
+        Some(((), terms))
+    });
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        controller
+            .watches_stream(lease_stream, |lease: Lease| {
+                let ns = lease.namespace().unwrap_or_default();
+                lease.labels().get(LABEL_LOCK).map(|lock| ObjectRef::new(lock).within(&ns))
+            })
+            .watches_stream(pod_stream, move |pod: kube::core::PartialObjectMeta<Pod>| {
+                let ns = pod.namespace().unwrap_or_default();
+                let locks = holders.lock().expect("holder index is never poisoned").locks_of(&ns, &pod.name_any());
+                locks.into_iter().map(move |l| ObjectRef::new(&l).within(&ns))
+            })
+            .reconcile_all_on(new_terms)
+            .graceful_shutdown_on(stop.cancelled_owned())
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(|_| futures::future::ready(()))
+            .await;
+        Ok(Completion::Stopped)
+    });
+
+    let admin = crate::admin::Admin {
+        registry: Arc::new(registry),
+        live: crate::admin::always_ok(),
+        ready: Arc::new(move || synced.check()),
+    };
+    let listener = tokio::net::TcpListener::bind(config.admin_addr)
+        .await
+        .with_context(|| format!("failed to bind the admin server to {}", config.admin_addr))?;
+    info!(addr = %listener.local_addr()?, "admin server listening");
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        crate::admin::serve(listener, crate::admin::router(admin), stop).await?;
+        Ok(Completion::Stopped)
+    });
+
+    crate::supervise::supervise(tasks, shutdown).await
+}
+
+/// Which watch caches have completed their first list.
+#[derive(Clone, Default)]
+struct Synced(Arc<[AtomicBool; 3]>);
+
+impl Synced {
+    const NAMES: [&'static str; 3] = ["distributedlocks", "leases", "pods"];
+
+    /// An `inspect` callback that marks cache `name` synced at its first `InitDone`.
+    fn marker<K>(&self, name: &'static str) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + use<K> {
+        let index = Self::NAMES.iter().position(|n| *n == name).expect("a known cache");
+        let flags = self.0.clone();
+        move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) && !flags[index].swap(true, Ordering::AcqRel) {
+                info!(cache = name, "watch cache synced");
+            }
+        }
+    }
+
+    /// `Ok` once every cache has synced; else names those that have not.
+    fn check(&self) -> Result<(), String> {
+        let pending: Vec<&str> = Self::NAMES
+            .iter()
+            .zip(self.0.iter())
+            .filter(|(_, f)| !f.load(Ordering::Acquire))
+            .map(|(n, _)| *n)
+            .collect();
+        if pending.is_empty() { Ok(()) } else { Err(format!("watch caches not synced: {}", pending.join(", "))) }
+    }
+}

@@ -1,0 +1,288 @@
+//! The status that follows from what the controller observed and did, as a pure function.
+//! The reconciler applies it only when it differs from the last one written, and nothing
+//! in it changes with the clock alone: ages are derived from timestamps by readers.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::view::{Claim, LeaseHold};
+use crate::crd::{DistributedLockStatus, ForceRelease, HolderStatus, WaiterStatus, defaults::MAX_LISTED_WAITERS};
+use crate::lease::Timing;
+use crate::metrics::RevokeReason;
+
+/// A grant made in this reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Granted {
+    /// How long the new holder waited, seconds.
+    pub waited_seconds: f64,
+    /// From the lock becoming free to this grant, ms (`None` if unknown).
+    pub handoff_ms: Option<i64>,
+}
+
+/// What this reconcile did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// A grant.
+    pub granted: Option<Granted>,
+    /// A revocation.
+    pub revoked: Option<RevokeReason>,
+    /// A forced release carried out.
+    pub forced: Option<ForceRelease>,
+}
+
+/// Inputs of [`desired`].
+pub struct Inputs<'a> {
+    /// The status as last written.
+    pub previous: &'a DistributedLockStatus,
+    /// The DistributedLock's generation.
+    pub generation: Option<i64>,
+    /// Now (wall clock), for condition transitions only.
+    pub now: Timestamp,
+    /// The lock's timing.
+    pub timing: Timing,
+    /// The hold on the Lease after this reconcile's write.
+    pub hold: Option<&'a LeaseHold>,
+    /// The highest token issued or reserved.
+    pub token: i64,
+    /// Live waiters in grant order.
+    pub waiters: &'a [&'a Claim],
+    /// What was done.
+    pub outcome: &'a Outcome,
+    /// Why the lock Lease cannot be used, if it cannot.
+    pub conflict: Option<&'a str>,
+}
+
+fn condition(
+    previous: &[Condition],
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: last,
+        observed_generation: generation,
+    }
+}
+
+fn holder_status(
+    hold: &LeaseHold,
+    previous: Option<&HolderStatus>,
+    granted: Option<&Granted>,
+    timing: &Timing,
+) -> HolderStatus {
+    let token = hold.token.unwrap_or_default();
+    if let Some(p) = previous.filter(|p| p.identity == hold.identity.id && p.fencing_token == token) {
+        return p.clone();
+    }
+    let acquired = hold.acquire_time.unwrap_or(Timestamp::UNIX_EPOCH);
+    let renewed = hold.renew_time.as_ref().map_or(acquired, |t| t.0);
+    let lease = SignedDuration::try_from(timing.lease_duration).unwrap_or(SignedDuration::ZERO);
+    HolderStatus {
+        identity: hold.identity.id.clone(),
+        pod: hold.identity.pod.as_ref().map(|p| p.name.clone()),
+        fencing_token: token,
+        acquired_at: Time(acquired),
+        renewed_at: Some(Time(renewed)),
+        expires_at: renewed.checked_add(lease).ok().map(Time),
+        waited_seconds: granted.map_or(0.0, |g| g.waited_seconds),
+    }
+}
+
+/// The status to write.
+pub fn desired(i: &Inputs) -> DistributedLockStatus {
+    let previous = i.previous;
+    let holder = i.hold.map(|h| holder_status(h, previous.holder.as_ref(), i.outcome.granted.as_ref(), &i.timing));
+    let mut stats = previous.stats.clone();
+    let changed_hands = previous.holder.as_ref().map(|p| (&p.identity, p.fencing_token))
+        != holder.as_ref().map(|h| (&h.identity, h.fencing_token));
+    if previous.holder.is_some() && changed_hands {
+        match i.outcome.revoked {
+            None => stats.releases += 1,
+            Some(RevokeReason::Forced) => stats.forced_releases += 1,
+            Some(_) => stats.expirations += 1,
+        }
+    }
+    if let Some(g) = &i.outcome.granted {
+        stats.grants += 1;
+        stats.last_wait_seconds = Some((g.waited_seconds * 1000.0).round() / 1000.0);
+        stats.last_handoff_milliseconds = g.handoff_ms;
+    }
+    let ready = match i.conflict {
+        Some(why) => {
+            condition(&previous.conditions, "Ready", false, "LeaseConflict", why.to_owned(), i.now, i.generation)
+        }
+        None => condition(
+            &previous.conditions,
+            "Ready",
+            true,
+            "LeaseOwned",
+            "the lock Lease is owned by this lock".into(),
+            i.now,
+            i.generation,
+        ),
+    };
+    let held = match &holder {
+        Some(h) => condition(
+            &previous.conditions,
+            "Held",
+            true,
+            "Held",
+            format!("held by {} with token {}", h.identity, h.fencing_token),
+            i.now,
+            i.generation,
+        ),
+        None => {
+            condition(&previous.conditions, "Held", false, "Free", "nobody holds the lock".into(), i.now, i.generation)
+        }
+    };
+    DistributedLockStatus {
+        holder,
+        fencing_token: Some(previous.fencing_token.unwrap_or(0).max(i.token)).filter(|t| *t > 0),
+        waiters: i
+            .waiters
+            .iter()
+            .take(MAX_LISTED_WAITERS)
+            .map(|c| WaiterStatus {
+                identity: c.identity.id.clone(),
+                pod: c.identity.pod.as_ref().map(|p| p.name.clone()),
+                since: Time(c.requested),
+            })
+            .collect(),
+        queue_length: i32::try_from(i.waiters.len()).unwrap_or(i32::MAX),
+        stats,
+        last_force_release: i.outcome.forced.clone().or_else(|| previous.last_force_release.clone()),
+        conditions: vec![ready, held],
+        observed_generation: i.generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Identity;
+    use std::time::Duration;
+
+    const UID: &str = "0b8f3a1e-5d2c-4c55-9a57-2f3c1e7b9d10";
+
+    fn ts(s: i64) -> Timestamp {
+        Timestamp::from_second(s).expect("valid")
+    }
+
+    fn hold(pod: &str, token: i64) -> LeaseHold {
+        LeaseHold {
+            identity: Identity::for_pod(pod, UID),
+            token: Some(token),
+            acquire_time: Some(ts(100)),
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(ts(101))),
+            confirmed: true,
+            claim: None,
+        }
+    }
+
+    fn waiter(pod: &str, since: i64) -> Claim {
+        Claim {
+            name: format!("lock.{pod}"),
+            uid: pod.into(),
+            resource_version: "1".into(),
+            identity: Identity::for_pod(pod, UID),
+            created: ts(since),
+            requested: ts(since),
+            renew_time: None,
+            ttl: Duration::from_secs(45),
+        }
+    }
+
+    fn timing() -> Timing {
+        Timing {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    fn run(
+        previous: &DistributedLockStatus,
+        hold: Option<&LeaseHold>,
+        token: i64,
+        waiters: &[&Claim],
+        outcome: &Outcome,
+    ) -> DistributedLockStatus {
+        desired(&Inputs {
+            previous,
+            generation: Some(1),
+            now: ts(200),
+            timing: timing(),
+            hold,
+            token,
+            waiters,
+            outcome,
+            conflict: None,
+        })
+    }
+
+    #[test]
+    fn grant_then_release_then_grant() {
+        let b = waiter("b", 95);
+        let granted =
+            Outcome { granted: Some(Granted { waited_seconds: 10.0, handoff_ms: Some(3) }), ..Outcome::default() };
+        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[&b], &granted);
+        let h = s1.holder.as_ref().expect("held");
+        assert_eq!((h.pod.as_deref(), h.fencing_token, h.waited_seconds), (Some("a"), 7, 10.0));
+        assert_eq!(h.expires_at, Some(Time(ts(116))));
+        assert_eq!((s1.fencing_token, s1.queue_length, s1.stats.grants, s1.stats.releases), (Some(7), 1, 1, 0));
+        assert_eq!(s1.waiters[0].since, Time(ts(95)));
+        assert_eq!(s1.conditions[1].status, "True");
+
+        // Nothing new observed: identical status, so nothing is written.
+        assert_eq!(run(&s1, Some(&hold("a", 7)), 7, &[&b], &Outcome::default()), s1);
+
+        // a released, b granted.
+        let s2 = run(&s1, Some(&hold("b", 8)), 8, &[], &granted);
+        assert_eq!((s2.stats.grants, s2.stats.releases, s2.stats.expirations), (2, 1, 0));
+        assert_eq!((s2.queue_length, s2.fencing_token), (0, Some(8)));
+
+        // b expired, nobody waits: free, token raised.
+        let expired = Outcome { revoked: Some(RevokeReason::Expired), ..Outcome::default() };
+        let s3 = run(&s2, None, 9, &[], &expired);
+        assert_eq!((s3.holder.clone(), s3.stats.expirations, s3.fencing_token), (None, 1, Some(9)));
+        assert_eq!(s3.conditions[1].status, "False");
+    }
+
+    #[test]
+    fn token_never_decreases_and_transition_times_stick() {
+        let previous = run(&DistributedLockStatus::default(), None, 50, &[], &Outcome::default());
+        let later = desired(&Inputs {
+            previous: &previous,
+            generation: Some(1),
+            now: ts(999),
+            timing: timing(),
+            hold: None,
+            token: 10,
+            waiters: &[],
+            outcome: &Outcome::default(),
+            conflict: None,
+        });
+        assert_eq!(later.fencing_token, Some(50));
+        assert_eq!(later, previous, "an unchanged lock must produce an identical status");
+    }
+
+    #[test]
+    fn waiter_list_is_bounded() {
+        let claims: Vec<Claim> = (0..25).map(|i| waiter(&format!("w{i}"), i)).collect();
+        let refs: Vec<&Claim> = claims.iter().collect();
+        let s = run(&DistributedLockStatus::default(), None, 1, &refs, &Outcome::default());
+        assert_eq!((s.waiters.len(), s.queue_length), (MAX_LISTED_WAITERS, 25));
+    }
+}

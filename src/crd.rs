@@ -1,0 +1,304 @@
+//! The `DistributedLock` custom resource (`leasehold.dev/v1alpha1`), and the label,
+//! annotation and field-manager names every component agrees on.
+//!
+//! The spec is validated by the apiserver itself (OpenAPI bounds plus CEL rules), so a bad
+//! lock is refused at `kubectl apply` time with a message that names the field, and the
+//! controller never has to guess what an invalid timing means. The status is written only
+//! by the controller, by server-side apply.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// API group of every Leasehold resource and the prefix of its labels and annotations.
+pub const GROUP: &str = "leasehold.dev";
+
+/// Label on lock and claim Leases: the name of the lock they belong to.
+pub const LABEL_LOCK: &str = "leasehold.dev/lock";
+/// Label on lock and claim Leases: `lock` or `claim`.
+pub const LABEL_ROLE: &str = "leasehold.dev/role";
+/// Value of [`LABEL_ROLE`] on the one Lease per lock that the controller grants.
+pub const ROLE_LOCK: &str = "lock";
+/// Value of [`LABEL_ROLE`] on a claimant's own Lease announcing that it waits.
+pub const ROLE_CLAIM: &str = "claim";
+/// Annotation carrying a fencing token (decimal). On the lock Lease: the highest token
+/// issued or reserved for the lock. On a fenced object: the token its writer holds.
+pub const ANNOTATION_TOKEN: &str = "leasehold.dev/fencing-token";
+/// Annotation on the lock Lease naming the claim Lease of the current holder.
+pub const ANNOTATION_CLAIM: &str = "leasehold.dev/claim";
+/// Annotation on the lock Lease recording why the controller last took a hold away.
+pub const ANNOTATION_REVOKED: &str = "leasehold.dev/revoked";
+/// Annotation on a claim Lease naming the claimant's Pod, when it runs in one.
+pub const ANNOTATION_POD: &str = "leasehold.dev/pod";
+/// Annotation on a DistributedLock asking the controller to revoke the current hold.
+/// The value is the operator's reason; it must not be empty.
+pub const ANNOTATION_FORCE_RELEASE: &str = "leasehold.dev/force-release";
+/// Annotation stamped by the admission webhook: who asked for the force release.
+pub const ANNOTATION_FORCE_RELEASE_BY: &str = "leasehold.dev/force-release-by";
+/// Pod label opting a Pod in to sidecar injection.
+pub const LABEL_INJECT: &str = "leasehold.dev/inject";
+/// Pod annotation: hold this lock for the Pod's whole life (hold mode).
+pub const ANNOTATION_HOLD: &str = "leasehold.dev/hold";
+/// Label on any object whose writes are fenced by the named lock.
+pub const LABEL_FENCED_BY: &str = "leasehold.dev/fenced-by";
+
+/// Server-side-apply field manager of the controller.
+pub const MANAGER_CONTROLLER: &str = "leasehold-controller";
+/// Field manager of the sidecar.
+pub const MANAGER_SIDECAR: &str = "leasehold-sidecar";
+/// Field manager of `leasehold run` and the other CLI commands.
+pub const MANAGER_CLI: &str = "leasehold-cli";
+
+/// Defaults, shared by the schema and by code that reads an unset field.
+pub mod defaults {
+    /// Default `spec.leaseDurationSeconds`.
+    pub const LEASE_DURATION_SECONDS: i32 = 15;
+    /// Default `spec.renewDeadlineSeconds`.
+    pub const RENEW_DEADLINE_SECONDS: i32 = 10;
+    /// Default `spec.retryPeriodSeconds`.
+    pub const RETRY_PERIOD_SECONDS: i32 = 2;
+    /// How many waiters `status.waiters` lists; `status.queueLength` counts them all.
+    pub const MAX_LISTED_WAITERS: usize = 10;
+}
+
+fn default_lease_duration() -> i32 {
+    defaults::LEASE_DURATION_SECONDS
+}
+fn default_renew_deadline() -> i32 {
+    defaults::RENEW_DEADLINE_SECONDS
+}
+fn default_retry_period() -> i32 {
+    defaults::RETRY_PERIOD_SECONDS
+}
+
+/// A mutual-exclusion lock granted through a `coordination.k8s.io/v1` Lease of the same
+/// name, fair (FIFO) and fenced: every grant carries a strictly increasing token.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "leasehold.dev",
+    version = "v1alpha1",
+    kind = "DistributedLock",
+    namespaced,
+    status = "DistributedLockStatus",
+    shortname = "dlock",
+    category = "leasehold",
+    derive = "PartialEq",
+    doc = "A fair, fenced distributed lock granted by the Leasehold controller.",
+    printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity"),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
+    printcolumn(name = "Waiters", type_ = "integer", json_path = ".status.queueLength"),
+    printcolumn(name = "Held", type_ = "date", json_path = ".status.holder.acquiredAt"),
+    printcolumn(name = "Last-Wait", type_ = "number", json_path = ".status.stats.lastWaitSeconds"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')")
+        .message("metadata.name must be a DNS label: at most 63 lowercase letters, digits and '-', no dots (claim Leases use dots)")
+)]
+#[x_kube(validation = Rule::new("self.leaseDurationSeconds > self.renewDeadlineSeconds")
+    .message("spec.leaseDurationSeconds must be greater than spec.renewDeadlineSeconds")
+    .field_path(".leaseDurationSeconds"))]
+#[x_kube(validation = Rule::new("self.renewDeadlineSeconds * 5 > self.retryPeriodSeconds * 6")
+    .message("spec.renewDeadlineSeconds must be greater than 1.2 x spec.retryPeriodSeconds")
+    .field_path(".renewDeadlineSeconds"))]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockSpec {
+    /// How long a hold lasts without renewal before the controller may expire it.
+    #[serde(default = "default_lease_duration")]
+    #[schemars(range(min = 3, max = 3600))]
+    pub lease_duration_seconds: i32,
+    /// How long a holder keeps trying to renew before it declares the hold lost
+    /// (self-fencing). Must be shorter than the lease duration.
+    #[serde(default = "default_renew_deadline")]
+    #[schemars(range(min = 2, max = 3600))]
+    pub renew_deadline_seconds: i32,
+    /// How often a holder renews, and how often a waiter refreshes its claim.
+    #[serde(default = "default_retry_period")]
+    #[schemars(range(min = 1, max = 600))]
+    pub retry_period_seconds: i32,
+    /// `FIFO` grants in claim order; `None` grants to any live claimant.
+    #[serde(default)]
+    pub fairness: Fairness,
+    /// The controller revokes a hold older than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
+    pub max_hold_seconds: Option<i32>,
+    /// ServiceAccounts of this namespace allowed to claim the lock; empty means all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub clients: Vec<String>,
+}
+
+impl Default for DistributedLockSpec {
+    fn default() -> Self {
+        DistributedLockSpec {
+            lease_duration_seconds: defaults::LEASE_DURATION_SECONDS,
+            renew_deadline_seconds: defaults::RENEW_DEADLINE_SECONDS,
+            retry_period_seconds: defaults::RETRY_PERIOD_SECONDS,
+            fairness: Fairness::default(),
+            max_hold_seconds: None,
+            clients: Vec::new(),
+        }
+    }
+}
+
+/// Grant order.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+pub enum Fairness {
+    /// First come, first served, by claim creation order.
+    #[default]
+    #[serde(rename = "FIFO")]
+    Fifo,
+    /// No ordering promise (grants still go to a live claimant).
+    None,
+}
+
+/// Observed state of a lock, written only by the controller.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockStatus {
+    /// The current holder, absent when the lock is free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<HolderStatus>,
+    /// The highest fencing token ever issued or reserved for this lock. Never decreases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= oldSelf").message("status.fencingToken must never decrease"))]
+    pub fencing_token: Option<i64>,
+    /// The first waiters in grant order (bounded; see `queueLength`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiters: Vec<WaiterStatus>,
+    /// How many claimants wait.
+    #[serde(default)]
+    pub queue_length: i32,
+    /// Counters and the latest wait and handoff figures.
+    #[serde(default)]
+    pub stats: LockStats,
+    /// The latest forced release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_force_release: Option<ForceRelease>,
+    /// `Held` and `Ready`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The spec generation this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Who holds the lock. Hold age and wait are derived from these timestamps, so a steadily
+/// held lock needs no status writes; `renewedAt` and `expiresAt` are as of the last status
+/// write (the lock Lease's `renewTime` is the live value).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderStatus {
+    /// Claimant identity: `<pod>_<pod-uid>` for pods.
+    pub identity: String,
+    /// The holder's Pod, when it runs in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The token granted with this hold.
+    pub fencing_token: i64,
+    /// When the controller granted the hold.
+    pub acquired_at: Time,
+    /// The latest renewal the controller had seen when it wrote this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_at: Option<Time>,
+    /// The controller's estimate of expiry, as of `renewedAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+    /// How long this holder queued before the grant.
+    pub waited_seconds: f64,
+}
+
+/// One queued claimant.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaiterStatus {
+    /// Claimant identity.
+    pub identity: String,
+    /// The claimant's Pod, when it runs in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// When the claim was made.
+    pub since: Time,
+}
+
+/// Counters since the DistributedLock was created.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockStats {
+    /// Holds granted.
+    #[serde(default)]
+    pub grants: i64,
+    /// Holds given up by their holder.
+    #[serde(default)]
+    pub releases: i64,
+    /// Holds revoked because the holder stopped renewing, its Pod went away, it never
+    /// confirmed, or it outlived `maxHoldSeconds`.
+    #[serde(default)]
+    pub expirations: i64,
+    /// Holds revoked by an operator.
+    #[serde(default)]
+    pub forced_releases: i64,
+    /// How long the latest holder waited, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_wait_seconds: Option<f64>,
+    /// From the latest release until the next grant, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handoff_milliseconds: Option<i64>,
+}
+
+/// An audited forced release.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForceRelease {
+    /// The user who asked, as stamped by the admission webhook.
+    pub by: String,
+    /// The operator's reason.
+    pub reason: String,
+    /// When the controller carried it out.
+    pub at: Time,
+    /// The token that was revoked, if the lock was held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_token: Option<i64>,
+}
+
+/// The CRD as YAML, as committed under `crds/`.
+pub fn crd_yaml() -> String {
+    let crd = DistributedLock::crd();
+    let body = serde_saphyr::to_string(&crd).expect("a CustomResourceDefinition always serializes");
+    format!("# Generated by `leasehold crd`; do not edit. `make verify` checks it.\n{body}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed CRD must be exactly what the code generates.
+    #[test]
+    fn committed_crd_matches_code() {
+        let committed = include_str!("../crds/leasehold.dev_distributedlocks.yaml");
+        assert!(
+            committed == crd_yaml(),
+            "crds/leasehold.dev_distributedlocks.yaml is stale: run `make generate` (cargo run -- crd > crds/leasehold.dev_distributedlocks.yaml)"
+        );
+    }
+
+    #[test]
+    fn spec_defaults_fill_missing_fields() {
+        let spec: DistributedLockSpec = serde_json::from_str("{}").expect("empty spec parses");
+        assert_eq!(spec, DistributedLockSpec::default());
+        assert_eq!(spec.fairness, Fairness::Fifo);
+    }
+
+    #[test]
+    fn schema_carries_rules_and_columns() {
+        let crd = serde_json::to_string(&DistributedLock::crd()).expect("serializes");
+        for needle in [
+            "self.leaseDurationSeconds > self.renewDeadlineSeconds",
+            "self.renewDeadlineSeconds * 5 > self.retryPeriodSeconds * 6",
+            "self >= oldSelf",
+            "\"dlock\"",
+            ".status.holder.acquiredAt",
+        ] {
+            assert!(crd.contains(needle), "CRD lacks {needle}");
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Leasehold: a Kubernetes operator that makes the cluster a safe distributed-lock service.
+//!
+//! A `DistributedLock` is granted through a `coordination.k8s.io/v1` Lease by the
+//! [`controller`], fairly (FIFO) and with a strictly increasing fencing token per grant.
+//! Claimants — the [`sidecar`] in app pods, `leasehold run`, or any program using the
+//! [`claim`] API — confirm each grant by compare-and-swap, renew it, and self-fence at
+//! their renew deadline. The design and its invariants: `docs/design.md`.
+//!
+//! Modules:
+//! - [`crd`]: the DistributedLock resource and the shared label/annotation names;
+//! - [`lease`]: identities, token minting, timing, CAS Lease access, leader election;
+//! - [`claim`]: the claimant API (claim, wait, confirm, renew, release);
+//! - [`controller`]: the arbiter;
+//! - [`metrics`], [`telemetry`], [`admin`]: observability and the admin HTTP server.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod claim;
+pub mod controller;
+pub mod crd;
+pub mod lease;
+pub mod metrics;
+pub mod supervise;
+pub mod telemetry;

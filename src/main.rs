@@ -1,0 +1,66 @@
+//! `leasehold`: one binary, several roles. Parses arguments, installs logging and signal
+//! handling, and hands over to the role's `run`.
+
+use clap::{Parser, Subcommand};
+use leasehold::telemetry::{self, LogFormat};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "leasehold",
+    version,
+    about = "Safe distributed locks for Kubernetes: FIFO grants, fencing tokens, a renewal sidecar"
+)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Plain, env = "LEASEHOLD_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controller (the arbiter) and the admission webhooks.
+    Controller(leasehold::controller::Config),
+    /// Print the DistributedLock CustomResourceDefinition as YAML.
+    Crd,
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+fn on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("signal received, shutting down");
+        token.cancel();
+    });
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", leasehold::crd::crd_yaml());
+            Ok(())
+        }
+        Command::Controller(config) => {
+            telemetry::init(cli.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                on_signal(shutdown.clone());
+                leasehold::controller::run(config, shutdown).await
+            })
+        }
+    }
+}
