@@ -11,6 +11,7 @@
 //! - [`lease`]: identities, token minting, timing, CAS Lease access, leader election;
 //! - [`claim`]: the claimant API (claim, wait, confirm, renew, release);
 //! - [`controller`]: the arbiter;
+//! - [`sidecar`]: the local lock API in app pods; [`run`]: `leasehold run`;
 //! - [`metrics`], [`telemetry`], [`admin`]: observability and the admin HTTP server.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -21,5 +22,7 @@ pub mod controller;
 pub mod crd;
 pub mod lease;
 pub mod metrics;
+pub mod run;
+pub mod sidecar;
 pub mod supervise;
 pub mod telemetry;

@@ -23,6 +23,10 @@ struct Cli {
 enum Command {
     /// Run the controller (the arbiter) and the admission webhooks.
     Controller(leasehold::controller::Config),
+    /// Run the sidecar: a local lock API renewing on behalf of its pod.
+    Sidecar(leasehold::sidecar::Config),
+    /// Run a command while holding a lock.
+    Run(leasehold::run::Config),
     /// Print the DistributedLock CustomResourceDefinition as YAML.
     Crd,
 }
@@ -52,6 +56,26 @@ fn main() -> anyhow::Result<()> {
         Command::Crd => {
             print!("{}", leasehold::crd::crd_yaml());
             Ok(())
+        }
+        Command::Sidecar(config) => {
+            telemetry::init(cli.log_format);
+            // One thread: the sidecar rides in every opted-in pod.
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                on_signal(shutdown.clone());
+                leasehold::sidecar::run(config, shutdown).await
+            })
+        }
+        Command::Run(config) => {
+            telemetry::init(cli.log_format);
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let code = runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                on_signal(shutdown.clone());
+                leasehold::run::run(config, shutdown).await
+            })?;
+            std::process::exit(code)
         }
         Command::Controller(config) => {
             telemetry::init(cli.log_format);

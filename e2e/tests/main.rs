@@ -4,4 +4,6 @@
 
 mod controller;
 mod controlplane;
+mod sidecar;
+mod sidecar_api;
 mod support;

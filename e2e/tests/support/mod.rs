@@ -139,6 +139,34 @@ impl Env {
         .await;
     }
 
+    /// Starts a sidecar process for `pod`, with its Pod-bound token and downward-API
+    /// identity; waits until it is healthy.
+    pub async fn sidecar(&self, pod: &TestPod, extra: &[&str]) -> Sidecar {
+        let kubeconfig = self.log_dir().join(format!("kubeconfig-{}", pod.name));
+        self.ns.kubeconfig_for_token(&pod.token, &kubeconfig).expect("write the pod's kubeconfig");
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut command = Command::new(leasehold_bin());
+        command
+            .args(["sidecar", "--listen", &api.to_string(), "--admin-addr", &admin.to_string()])
+            .args(extra)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAMESPACE", self.name())
+            .env("POD_NAME", &pod.name)
+            .env("POD_UID", &pod.uid)
+            .env("RUST_LOG", "info,kube=warn");
+        let process = LeaseholdProcess::spawn(&format!("sidecar-{}-{}", pod.name, api.port()), command, admin);
+        let name = process.name.clone();
+        eventually(&format!("{name} healthy"), Duration::from_secs(60), || async {
+            match process.admin_get("/healthz").await {
+                Some((200, _)) => Ok(()),
+                other => Err(format!("{other:?}: {}", process.log_tail(10))),
+            }
+        })
+        .await;
+        Sidecar { process, api }
+    }
+
     /// Where process logs go.
     pub fn log_dir(&self) -> PathBuf {
         let dir = std::env::temp_dir().join("leasehold-e2e").join(self.name());
@@ -172,6 +200,101 @@ impl TestPod {
     /// A claimant acting as this pod.
     pub fn claimant(&self, namespace: &str) -> Claimant {
         Claimant::new(self.client.clone(), namespace, self.identity(), "leasehold-e2e")
+    }
+}
+
+/// A sidecar process and its lock API address.
+pub struct Sidecar {
+    /// The process (admin address inside).
+    pub process: LeaseholdProcess,
+    /// The lock API.
+    pub api: SocketAddr,
+}
+
+impl Sidecar {
+    /// `POST /v1/locks/{lock}/acquire` with `{"waitSeconds": wait}`: status and JSON body.
+    pub async fn acquire(&self, lock: &str, wait: f64) -> (u16, serde_json::Value) {
+        let body = serde_json::json!({ "waitSeconds": wait }).to_string();
+        self.call("POST", &format!("/v1/locks/{lock}/acquire"), Some(&body)).await
+    }
+
+    /// `POST /v1/locks/{lock}/release`.
+    pub async fn release(&self, lock: &str) -> (u16, serde_json::Value) {
+        self.call("POST", &format!("/v1/locks/{lock}/release"), None).await
+    }
+
+    /// `GET /v1/locks/{lock}`.
+    pub async fn view(&self, lock: &str) -> serde_json::Value {
+        let (status, body) = self.call("GET", &format!("/v1/locks/{lock}"), None).await;
+        assert_eq!(status, 200, "view of {lock}: {body}");
+        body
+    }
+
+    /// Any request; the body parsed as JSON (`Null` if it is not JSON).
+    pub async fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+        let (status, text) = http_request(self.api, method, path, body)
+            .await
+            .unwrap_or_else(|| panic!("{} did not answer {method} {path}", self.process.name));
+        (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// Opens the event stream of `lock`.
+    pub async fn events(&self, lock: &str) -> SseReader {
+        let response = http_send(self.api, "GET", &format!("/v1/locks/{lock}/events"), None)
+            .await
+            .expect("the sidecar answers the event stream");
+        assert_eq!(response.status().as_u16(), 200);
+        SseReader { body: response.into_body(), buffer: String::new() }
+    }
+}
+
+/// Reads Server-Sent Events from a streaming response.
+pub struct SseReader {
+    body: hyper::body::Incoming,
+    buffer: String,
+}
+
+impl SseReader {
+    /// The next event (name, JSON data), or `None` if the stream ends or `timeout` passes.
+    pub async fn next(&mut self, timeout: Duration) -> Option<(String, serde_json::Value)> {
+        use http_body_util::BodyExt;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut name = None;
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim());
+                    }
+                }
+                match name {
+                    // Keep-alive comments carry no event.
+                    None => continue,
+                    Some(name) => return Some((name, serde_json::from_str(&data).unwrap_or(serde_json::Value::Null))),
+                }
+            }
+            let frame = tokio::time::timeout_at(deadline, self.body.frame()).await.ok()??.ok()?;
+            if let Ok(bytes) = frame.into_data() {
+                self.buffer.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+    }
+
+    /// Waits for the event named `name`, skipping others; panics after `timeout`.
+    pub async fn expect(&mut self, name: &str, timeout: Duration) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some((n, data)) if n == name => return data,
+                Some(_) => continue,
+                None => panic!("no {name:?} event within {timeout:?}"),
+            }
+        }
     }
 }
 
