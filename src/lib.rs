@@ -12,12 +12,14 @@
 //! - [`claim`]: the claimant API (claim, wait, confirm, renew, release);
 //! - [`controller`]: the arbiter;
 //! - [`sidecar`]: the local lock API in app pods; [`run`]: `leasehold run`;
+//! - [`webhook`]: admission (sidecar injection, fenced objects, force release);
 //! - [`metrics`], [`telemetry`], [`admin`]: observability and the admin HTTP server.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod claim;
+pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod lease;
@@ -26,3 +28,4 @@ pub mod run;
 pub mod sidecar;
 pub mod supervise;
 pub mod telemetry;
+pub mod webhook;

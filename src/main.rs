@@ -27,8 +27,16 @@ enum Command {
     Sidecar(leasehold::sidecar::Config),
     /// Run a command while holding a lock.
     Run(leasehold::run::Config),
+    /// Revoke a lock's current hold, audited: `release <namespace>/<name> --force --reason "..."`.
+    Release(leasehold::cli::Release),
     /// Print the DistributedLock CustomResourceDefinition as YAML.
     Crd,
+    /// Print the Lease guard ValidatingAdmissionPolicy and binding as YAML.
+    LeaseGuard {
+        /// The controller's user name, exempt from the guard.
+        #[arg(long, default_value = "system:serviceaccount:leasehold-system:leasehold-controller")]
+        controller_user: String,
+    },
 }
 
 /// Cancels `token` on SIGTERM or SIGINT.
@@ -53,6 +61,23 @@ fn on_signal(token: CancellationToken) {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::LeaseGuard { controller_user } => {
+            print!("{}", leasehold::webhook::guard::manifests(&controller_user));
+            Ok(())
+        }
+        Command::Release(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            match runtime.block_on(leasehold::cli::release(args)) {
+                Ok(message) => {
+                    println!("{message}");
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("leasehold release: {e:#}");
+                    std::process::exit(1)
+                }
+            }
+        }
         Command::Crd => {
             print!("{}", leasehold::crd::crd_yaml());
             Ok(())
@@ -86,5 +111,18 @@ fn main() -> anyhow::Result<()> {
                 leasehold::controller::run(config, shutdown).await
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap checks the whole command tree (unique ids, valid defaults) here rather than
+    /// at the first invocation of a subcommand.
+    #[test]
+    fn command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

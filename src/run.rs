@@ -53,15 +53,6 @@ pub fn parse_lock(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// The claimant identity: the pod's when running in one (POD_NAME and POD_UID set), else
-/// host-random.
-fn identity() -> Identity {
-    match (std::env::var("POD_NAME"), std::env::var("POD_UID")) {
-        (Ok(name), Ok(uid)) if !name.is_empty() && !uid.is_empty() => Identity::for_pod(&name, &uid),
-        _ => Identity::for_process(),
-    }
-}
-
 fn signal(child: &Child, signal: Signal) {
     if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
         let _ = kill(Pid::from_raw(pid), signal);
@@ -78,7 +69,9 @@ fn exit_code(status: ExitStatus) -> i32 {
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<i32> {
     let (namespace, lock) = &config.lock;
     let client = kube::Client::try_default().await.context("failed to build a Kubernetes client")?;
-    let claimant = Claimant::new(client, namespace, identity(), MANAGER_CLI);
+    // Who we are, as the apiserver sees it: the Pod when the token is bound to one.
+    let identity = Identity::discover(&client).await.context("failed to learn who we are (SelfSubjectReview)")?;
+    let claimant = Claimant::new(client, namespace, identity, MANAGER_CLI);
     let acquired = tokio::select! {
         _ = shutdown.cancelled() => return Ok(130),
         acquired = claimant.acquire(lock, config.wait) => acquired,

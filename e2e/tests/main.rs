@@ -2,6 +2,7 @@
 //! binary, one control plane; every test works in its own namespace with its own
 //! Leasehold processes.
 
+mod admission;
 mod controller;
 mod controlplane;
 mod sidecar;

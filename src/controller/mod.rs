@@ -80,6 +80,9 @@ pub struct Config {
     /// Prepare claimant RBAC (Role and RoleBinding `leasehold-client`) in namespaces with locks.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub manage_rbac: bool,
+    /// Admission webhooks.
+    #[command(flatten)]
+    pub webhook: crate::webhook::Config,
 }
 
 /// Parses durations like `500ms`, `2s`, `1m30s`.
@@ -209,10 +212,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Ok(Completion::Stopped)
     });
 
+    // The webhooks are served by every replica, leader or not.
+    let webhook_bound = Arc::new(AtomicBool::new(config.webhook.webhook_addr.is_none()));
+    if let Some(server) =
+        crate::webhook::server::start(&config.webhook, client.clone(), webhook_bound.clone(), shutdown.clone()).await?
+    {
+        tasks.spawn(async move {
+            server.await?;
+            Ok(Completion::Stopped)
+        });
+    }
+
     let admin = crate::admin::Admin {
         registry: Arc::new(registry),
         live: crate::admin::always_ok(),
-        ready: Arc::new(move || synced.check()),
+        ready: Arc::new(move || {
+            synced.check()?;
+            if webhook_bound.load(Ordering::Acquire) { Ok(()) } else { Err("webhook server not listening".into()) }
+        }),
     };
     let listener = tokio::net::TcpListener::bind(config.admin_addr)
         .await

@@ -40,6 +40,27 @@ impl Identity {
         Identity { id: format!("{host}-{suffix:08x}"), pod: None }
     }
 
+    /// An identity outside any Pod for user `username`: `<username>/<host>-<random>`. The
+    /// Lease guard accepts a non-pod holder only under its own user name.
+    pub fn for_user(username: &str) -> Identity {
+        Identity { id: format!("{username}/{}", Identity::for_process().id), pod: None }
+    }
+
+    /// Asks the apiserver who we are (SelfSubjectReview): the Pod identity when the
+    /// credentials are bound to a Pod, else a user identity.
+    pub async fn discover(client: &kube::Client) -> Result<Identity, kube::Error> {
+        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+        let reviews: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
+        let review = reviews.create(&kube::api::PostParams::default(), &SelfSubjectReview::default()).await?;
+        let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+        let extra = user.extra.unwrap_or_default();
+        let first = |key: &str| extra.get(key).and_then(|v| v.first()).cloned();
+        Ok(match (first("authentication.kubernetes.io/pod-name"), first("authentication.kubernetes.io/pod-uid")) {
+            (Some(name), Some(uid)) => Identity::for_pod(&name, &uid),
+            _ => Identity::for_user(&user.username.unwrap_or_else(|| "unknown".into())),
+        })
+    }
+
     /// Reads the Pod back out of an identity written by [`Identity::for_pod`].
     pub fn parse(id: &str) -> Identity {
         let pod = id.rsplit_once('_').and_then(|(name, uid)| {

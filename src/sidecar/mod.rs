@@ -65,11 +65,11 @@ pub struct Config {
 }
 
 impl Config {
-    /// The claimant identity: the pod's when its name and UID are known.
-    pub fn identity(&self) -> Identity {
+    /// The claimant identity: the pod's from the downward API, else asked of the apiserver.
+    pub async fn identity(&self, client: &kube::Client) -> anyhow::Result<Identity> {
         match (&self.pod_name, &self.pod_uid) {
-            (Some(name), Some(uid)) if !name.is_empty() && !uid.is_empty() => Identity::for_pod(name, uid),
-            _ => Identity::for_process(),
+            (Some(name), Some(uid)) if !name.is_empty() && !uid.is_empty() => Ok(Identity::for_pod(name, uid)),
+            _ => Identity::discover(client).await.context("failed to learn who we are (SelfSubjectReview)"),
         }
     }
 }
@@ -80,7 +80,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         api::validate_lock_name(lock).map_err(|_| anyhow::anyhow!("--hold {lock:?} is not a valid lock name"))?;
     }
     let client = kube::Client::try_default().await.context("failed to build a Kubernetes client")?;
-    let identity = config.identity();
+    let identity = config.identity(&client).await?;
     info!(namespace = %config.namespace, %identity, "sidecar starting");
     let mut registry = Registry::default();
     let metrics = ClientMetrics::register(&mut registry);

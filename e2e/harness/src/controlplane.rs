@@ -187,6 +187,16 @@ impl ControlPlane {
         self.identity("token-user", token, "default").client().await.expect("a generated kubeconfig is valid")
     }
 
+    /// A new admin client (namespace `default`) that reaches the apiserver through
+    /// `server_url`: a [`crate::FaultProxy`] in front of it, as `https://<proxy addr>` (the
+    /// apiserver's certificate covers 127.0.0.1, so TLS still verifies).
+    pub async fn admin_client_via(&self, server_url: &str) -> kube::Client {
+        Identity { server: server_url, ..self.identity(startup::ADMIN_USER, &self.admin_token, "default") }
+            .client()
+            .await
+            .expect("a generated kubeconfig is valid")
+    }
+
     /// `kubectl --kubeconfig=<admin kubeconfig>`; add the arguments and run it.
     pub fn kubectl(&self) -> Command {
         let mut kubectl = Command::new(self.binaries.path("kubectl"));

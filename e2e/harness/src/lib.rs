@@ -13,6 +13,10 @@
 //! Helpers that return plain values (clients, namespaces, Pods, tokens) are test helpers:
 //! they panic with a message naming what failed rather than return errors.
 //!
+//! Beyond the control plane: [`netfault::FaultProxy`] puts network faults (delay, reset,
+//! blackhole) between one client and one server, and [`postgres::Postgres`] runs a
+//! throwaway PostgreSQL server for resource-side fencing tests and examples.
+//!
 //! Component logs (`etcd.log`, `kube-apiserver.log`, `kube-controller-manager.log`) are in
 //! [`ControlPlane::work_dir`]; it is removed at exit unless a test failed. Only Linux is
 //! supported (`PR_SET_PDEATHSIG`, `/proc`).
@@ -22,7 +26,9 @@ mod components;
 mod controlplane;
 mod kubeconfig;
 mod namespace;
+pub mod netfault;
 mod pki;
+pub mod postgres;
 pub mod process;
 mod startup;
 mod wait;
@@ -31,6 +37,8 @@ use std::sync::OnceLock;
 
 pub use controlplane::ControlPlane;
 pub use namespace::TestNamespace;
+pub use netfault::{Fault, FaultProxy};
+pub use postgres::Postgres;
 pub use process::{Supervised, process_exists};
 pub use wait::eventually;
 

@@ -157,6 +157,13 @@ impl TestNamespace {
         self.identity(token).write(path)
     }
 
+    /// Like [`Self::kubeconfig_for_token`], but for a client that reaches the apiserver
+    /// through `server_url`: a [`crate::FaultProxy`] in front of it, as
+    /// `https://<proxy addr>` (the apiserver's certificate covers 127.0.0.1).
+    pub fn kubeconfig_for_token_via(&self, token: &str, server_url: &str, path: &Path) -> anyhow::Result<()> {
+        Identity { server: server_url, ..self.identity(token) }.write(path)
+    }
+
     fn identity<'a>(&'a self, token: &'a str) -> Identity<'a> {
         Identity { server: &self.server_url, ca_pem: &self.ca_pem, user: "token-user", token, namespace: &self.name }
     }

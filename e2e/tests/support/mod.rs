@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // Each test module uses a different subset.
 
+pub mod admission;
 pub mod watch;
 
 use std::net::{SocketAddr, TcpListener};
@@ -84,6 +85,11 @@ impl Env {
 
     /// Starts a controller scoped to this namespace (its own election Lease here too).
     pub async fn controller(&self, extra: &[&str]) -> LeaseholdProcess {
+        self.controller_as(None, extra).await
+    }
+
+    /// Starts a controller with `kubeconfig` (default: the admin's).
+    pub async fn controller_as(&self, kubeconfig: Option<&std::path::Path>, extra: &[&str]) -> LeaseholdProcess {
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let identity = format!("controller-{}", admin.port());
         let mut command = Command::new(leasehold_bin());
@@ -91,7 +97,7 @@ impl Env {
             .args(["controller", "--namespace", self.name(), "--election-namespace", self.name()])
             .args(["--admin-addr", &admin.to_string(), "--identity", &identity])
             .args(extra)
-            .env("KUBECONFIG", self.cp.kubeconfig_path())
+            .env("KUBECONFIG", kubeconfig.unwrap_or(self.cp.kubeconfig_path()))
             .env("RUST_LOG", "info,kube=warn");
         let process = LeaseholdProcess::spawn(&identity, command, admin);
         process.wait_ready().await;

@@ -1,0 +1,77 @@
+//! Operator commands: `leasehold release --force` and `leasehold manifests`.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::await_condition;
+use serde_json::json;
+
+use crate::crd::{ANNOTATION_FORCE_RELEASE, DistributedLock, MANAGER_CLI};
+use crate::run::parse_lock;
+
+/// `leasehold release` arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Release {
+    /// The lock, as `<namespace>/<name>`.
+    #[arg(value_parser = parse_lock)]
+    pub lock: (String, String),
+    /// Revoke the current hold whoever holds it (holders release through their sidecar).
+    #[arg(long)]
+    pub force: bool,
+    /// Why: recorded with your user name in the lock's status and an Event.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// How long to wait for the controller to carry it out.
+    #[arg(long, default_value = "30s", value_parser = crate::controller::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// Asks the controller to revoke the current hold of a lock, and waits until it has.
+pub async fn release(args: Release) -> anyhow::Result<String> {
+    if !args.force {
+        anyhow::bail!(
+            "only forced release is possible from the command line (holders release through their sidecar): add --force --reason \"...\""
+        );
+    }
+    let reason = args.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
+    let Some(reason) = reason else { anyhow::bail!("--reason is required: say why the hold must be revoked") };
+    let (namespace, name) = &args.lock;
+    let client = kube::Client::try_default().await.context("failed to build a Kubernetes client")?;
+    let locks: Api<DistributedLock> = Api::namespaced(client, namespace);
+    let before = locks.get_opt(name).await?.with_context(|| format!("lock {namespace}/{name} does not exist"))?;
+    let previous = before.status.as_ref().and_then(|s| s.last_force_release.clone());
+    let patch = json!({"metadata": {"annotations": {ANNOTATION_FORCE_RELEASE: reason}}});
+    locks
+        .patch(
+            name,
+            &PatchParams { field_manager: Some(MANAGER_CLI.into()), ..PatchParams::default() },
+            &Patch::Merge(patch),
+        )
+        .await
+        .with_context(|| format!("failed to request a force release of lock {namespace}/{name}"))?;
+    let done = await_condition(locks, name, move |lock: Option<&DistributedLock>| {
+        lock.and_then(|l| l.status.as_ref())
+            .and_then(|s| s.last_force_release.as_ref())
+            .is_some_and(|r| Some(r) != previous.as_ref())
+    });
+    let lock = tokio::time::timeout(args.timeout, done)
+        .await
+        .with_context(|| {
+            format!(
+                "the controller did not carry out the force release of {namespace}/{name} within {:?} (is it running?)",
+                args.timeout
+            )
+        })??
+        .with_context(|| format!("lock {namespace}/{name} was deleted"))?;
+    let record = lock.status.and_then(|s| s.last_force_release).expect("the condition checked it");
+    Ok(match record.revoked_token {
+        Some(token) => format!(
+            "force-released {namespace}/{name}: revoked token {token} (by {}, reason: {})",
+            record.by, record.reason
+        ),
+        None => {
+            format!("{namespace}/{name} was not held; request recorded (by {}, reason: {})", record.by, record.reason)
+        }
+    })
+}
