@@ -46,6 +46,12 @@ pub fn granted_token(lease: &Lease, identity: &Identity) -> Option<i64> {
     (holder(lease) == Some(identity.id.as_str())).then(|| token::of_lease(lease)).flatten()
 }
 
+/// Whether the hold on this Lease was confirmed by its holder (`renewTime != acquireTime`):
+/// the controller writes them equal at a grant, the holder's first renewal makes them differ.
+pub fn is_confirmed(lease: &Lease) -> bool {
+    lease.spec.as_ref().is_some_and(|s| s.renew_time.as_ref().map(|t| t.0) != s.acquire_time.as_ref().map(|t| t.0))
+}
+
 /// Why a claimant no longer holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LostReason {

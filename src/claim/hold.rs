@@ -17,6 +17,15 @@ use tracing::{info, warn};
 use super::{Claimant, LostReason, edit};
 use crate::lease::{CasError, Timing};
 
+/// Test only (`broken-ignore-renew-deadline`): a hold that ignores its renew deadline, to
+/// show that the fault suite's checker catches a sidecar that does.
+const IGNORE_RENEW_DEADLINE: bool = cfg!(feature = "broken-ignore-renew-deadline");
+
+/// The self-fence deadline of a renewal sent at `sent`.
+fn deadline(sent: Instant, timing: &Timing) -> Instant {
+    if IGNORE_RENEW_DEADLINE { sent + Duration::from_secs(365 * 24 * 3600) } else { sent + timing.renew_deadline }
+}
+
 /// What a hold is doing.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HoldStatus {
@@ -87,7 +96,7 @@ impl Hold {
         }
         claimant.metrics.held.inc();
         let (status_tx, status) =
-            watch::channel(HoldStatus::Held { valid_until: sent + timing.renew_deadline, late: false });
+            watch::channel(HoldStatus::Held { valid_until: deadline(sent, &timing), late: false });
         let (events, _) = broadcast::channel(16);
         let (release, commands) = mpsc::channel(1);
         let renewer = Renewer {
@@ -96,7 +105,7 @@ impl Hold {
             token,
             timing,
             lease,
-            valid_until: sent + timing.renew_deadline,
+            valid_until: deadline(sent, &timing),
             status: status_tx,
             events: events.clone(),
         };
@@ -237,7 +246,7 @@ impl Renewer {
                     let attempt = Instant::now();
                     match tokio::time::timeout_at(self.valid_until.into(), self.renew_once()).await {
                         Ok(Ok(sent)) => {
-                            self.valid_until = sent + self.timing.renew_deadline;
+                            self.valid_until = deadline(sent, &self.timing);
                             next = sent + self.timing.retry_period;
                             self.claimant.metrics.renew_seconds.observe(attempt.elapsed().as_secs_f64());
                             self.status.send_replace(HoldStatus::Held { valid_until: self.valid_until, late: false });

@@ -173,7 +173,18 @@ impl Claimant {
                 }
                 state = states.next() => {
                     let Some(Some(lease)) = state else { continue };
-                    let Some(token) = edit::granted_token(&lease, &self.identity).filter(|t| *t > floor) else { continue };
+                    let Some(token) = edit::granted_token(&lease, &self.identity) else { continue };
+                    // A hold naming us that is already confirmed, or not newer than any we
+                    // were handed, is a leftover (of a lost hold, or of an earlier process
+                    // with our identity). Never report it held: give it back so the
+                    // controller grants afresh, with a higher token.
+                    if token <= floor || edit::is_confirmed(&lease) {
+                        debug!(lock, token, "giving back a leftover hold");
+                        if let Err(e) = self.store.replace(&edit::released(&lease)).await {
+                            debug!(lock, error = %e, "failed to give back a leftover hold");
+                        }
+                        continue;
+                    }
                     let sent = Instant::now();
                     match self.store.replace(&edit::renewed(&lease, Timestamp::now())).await {
                         Ok(confirmed) => {

@@ -12,7 +12,7 @@ pub fn lease_states(api: Api<Lease>, name: &str) -> impl Stream<Item = Option<Le
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let name = name.to_owned();
     watcher(api, config)
-        .default_backoff()
+        .backoff(crate::lease::watch_backoff())
         .scan(None::<Option<Lease>>, move |init, event| {
             let out = match event {
                 Ok(watcher::Event::Apply(lease)) => Some(Some(lease)),

@@ -136,21 +136,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let synced = Synced::default();
     let (leases, lease_writer) = reflector::store::<Lease>();
     let lease_stream = watcher(scoped::<Lease>(&client, ns), watcher::Config::default().labels(LABEL_LOCK))
-        .default_backoff()
+        .backoff(crate::lease::watch_backoff())
         .modify(|l| l.managed_fields_mut().clear())
         .reflect(lease_writer)
         .inspect(synced.marker("leases"))
         .touched_objects();
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
-        .default_backoff()
+        .backoff(crate::lease::watch_backoff())
         .modify(|p| p.managed_fields_mut().clear())
         .reflect(pod_writer)
         .inspect(synced.marker("pods"))
         .touched_objects();
     let (locks, lock_writer) = reflector::store();
     let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
-        .default_backoff()
+        .backoff(crate::lease::watch_backoff())
         .reflect(lock_writer)
         .inspect(synced.marker("distributedlocks"))
         .applied_objects();

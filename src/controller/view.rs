@@ -72,7 +72,7 @@ pub fn lease_hold(lease: &Lease) -> Option<LeaseHold> {
         token: token::of_lease(lease),
         acquire_time: acquire,
         renew_time: spec.renew_time.clone(),
-        confirmed: spec.renew_time.as_ref().map(|t| t.0) != acquire,
+        confirmed: edit::is_confirmed(lease),
         claim: lease.annotations().get(ANNOTATION_CLAIM).cloned(),
     })
 }

@@ -250,7 +250,7 @@ impl Sidecar {
             .await
             .expect("the sidecar answers the event stream");
         assert_eq!(response.status().as_u16(), 200);
-        SseReader { body: response.into_body(), buffer: String::new() }
+        SseReader::from_response(response)
     }
 }
 
@@ -261,6 +261,11 @@ pub struct SseReader {
 }
 
 impl SseReader {
+    /// Reads events from an event-stream response.
+    pub fn from_response(response: hyper::Response<hyper::body::Incoming>) -> SseReader {
+        SseReader { body: response.into_body(), buffer: String::new() }
+    }
+
     /// The next event (name, JSON data), or `None` if the stream ends or `timeout` passes.
     pub async fn next(&mut self, timeout: Duration) -> Option<(String, serde_json::Value)> {
         use http_body_util::BodyExt;
