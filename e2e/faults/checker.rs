@@ -29,6 +29,16 @@ pub struct Bounds {
 /// What a resource applied, in its commit order: (writer, token) per lock.
 pub type Applied = BTreeMap<(String, Resource), Vec<(String, i64)>>;
 
+/// What the lock Leases recorded: per lock, every grant (holder identity, token) in the
+/// order the Lease went through them; and each client's identity.
+#[derive(Debug, Default)]
+pub struct Grants {
+    /// Grants per lock, in Lease order.
+    pub by_lock: BTreeMap<String, Vec<(String, i64)>>,
+    /// Client name → holder identity.
+    pub identities: HashMap<String, String>,
+}
+
 /// The outcome of a check.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -127,34 +137,47 @@ fn beliefs(entries: &[Entry]) -> HashMap<String, Vec<Belief>> {
             Op::View { .. } | Op::Write { .. } => {}
         }
     }
+    // Beliefs still open at the end of the run end with it.
+    let last = entries.iter().map(|e| e.at).max();
     for ((_, lock), b) in open {
-        let end = b.end;
+        let end = last.map_or(b.end, |l| b.end.min(l));
         close(&mut done, &lock, b, end);
     }
     done
 }
 
-/// Checks a history. `applied` is what each resource applied, in commit order.
-pub fn check(entries: &[Entry], faults: &[Fault], applied: &Applied, bounds: Bounds) -> Report {
+/// Checks a history. `grants` is what the lock Leases went through, `applied` what each
+/// resource applied, in commit order.
+pub fn check(entries: &[Entry], faults: &[Fault], grants: &Grants, applied: &Applied, bounds: Bounds) -> Report {
     let mut report = Report::default();
     for f in faults {
         *report.faults.entry(f.kind).or_default() += 1;
     }
 
-    // 1. Tokens per lock strictly increase in grant order.
-    let mut last: HashMap<&str, (i64, &str)> = HashMap::new();
+    // 1. Tokens per lock strictly increase in grant order (the Lease's own history), and
+    //    every token a client was told it holds was granted to that client.
+    for (lock, list) in &grants.by_lock {
+        for pair in list.windows(2) {
+            let ((a, ta), (b, tb)) = (&pair[0], &pair[1]);
+            if tb <= ta {
+                report
+                    .violations
+                    .push(format!("lock {lock}: token {tb} granted to {b} after token {ta} granted to {a}"));
+            }
+        }
+    }
     for e in entries {
         if let Op::Acquired { token, .. } = e.op {
             report.grants += 1;
-            if let Some((previous, by)) = last.get(e.lock.as_str())
-                && token <= *previous
-            {
+            let Some(identity) = grants.identities.get(&e.client) else { continue };
+            let granted =
+                grants.by_lock.get(&e.lock).is_some_and(|l| l.iter().any(|(h, t)| h == identity && *t == token));
+            if !granted {
                 report.violations.push(format!(
-                    "lock {}: token {token} granted to {} after token {previous} granted to {by}",
+                    "lock {}: {} was told it holds token {token}, never granted to it",
                     e.lock, e.client
                 ));
             }
-            last.insert(&e.lock, (token, &e.client));
         }
         if let Op::Write { resource, applied: ok, stale, .. } = e.op
             && resource != Resource::Unfenced
@@ -287,20 +310,32 @@ mod tests {
         let base = Instant::now();
         let applied: Applied = [(("l".into(), Resource::Postgres), vec![("a".into(), 1)])].into();
         let faults = [Fault { kind: "holder-sigkill", locks: vec!["l".into()], start: base, end: at(base, 50) }];
-        let report = check(&clean(base), &faults, &applied, BOUNDS);
+        let report = check(&clean(base), &faults, &grants(), &applied, BOUNDS);
         assert!(report.violations.is_empty(), "{report}");
         assert_eq!((report.grants, report.writes_applied, report.stale_rejected), (2, 1, 1));
         assert_eq!(report.worst_recovery, Duration::from_millis(1650));
     }
 
+    fn grants() -> Grants {
+        Grants {
+            by_lock: [("l".to_owned(), vec![("id-a".to_owned(), 1), ("id-b".to_owned(), 2)])].into(),
+            identities: [("a", "id-a"), ("b", "id-b"), ("c", "id-c")].map(|(c, i)| (c.to_owned(), i.to_owned())).into(),
+        }
+    }
+
     #[test]
     fn a_reused_or_lower_token_is_a_violation() {
         let base = Instant::now();
-        let mut entries = clean(base);
-        entries.push(entry(base, 3000, "c", Op::Acquired { token: 2, deadline: at(base, 5000) }));
-        let report = check(&entries, &[], &Applied::new(), BOUNDS);
+        let mut g = grants();
+        g.by_lock.get_mut("l").expect("l").push(("id-c".into(), 2));
+        let report = check(&clean(base), &[], &g, &Applied::new(), BOUNDS);
         assert_eq!(report.violations.len(), 1, "{report}");
-        assert!(report.violations[0].contains("token 2 granted to c after token 2"));
+        assert!(report.violations[0].contains("token 2 granted to id-c after token 2"));
+        // A client told it holds a token the Lease never gave it.
+        let mut entries = clean(base);
+        entries.push(entry(base, 3000, "c", Op::Acquired { token: 3, deadline: at(base, 5000) }));
+        let report = check(&entries, &[], &grants(), &Applied::new(), BOUNDS);
+        assert!(report.violations.iter().any(|v| v.contains("never granted")), "{report}");
     }
 
     #[test]
@@ -310,15 +345,15 @@ mod tests {
             entry(base, 0, "a", Op::Acquired { token: 1, deadline: at(base, 2000) }),
             entry(base, 1000, "b", Op::Acquired { token: 2, deadline: at(base, 3000) }),
         ];
-        let report = check(&entries, &[], &Applied::new(), BOUNDS);
+        let report = check(&entries, &[], &Grants::default(), &Applied::new(), BOUNDS);
         assert_eq!(report.violations.len(), 1, "{report}");
         // A frozen sidecar that answers "held" after thawing (a broken one) is caught too.
         let entries = vec![
             entry(base, 0, "a", Op::Acquired { token: 1, deadline: at(base, 2000) }),
             entry(base, 4500, "b", Op::Acquired { token: 2, deadline: at(base, 6500) }),
-            entry(base, 6000, "a", Op::View { token: 1, held: true, deadline: Some(at(base, 8000)) }),
+            entry(base, 5000, "a", Op::View { token: 1, held: true, deadline: Some(at(base, 8000)) }),
         ];
-        let report = check(&entries, &[], &Applied::new(), BOUNDS);
+        let report = check(&entries, &[], &Grants::default(), &Applied::new(), BOUNDS);
         assert_eq!(report.violations.len(), 1, "{report}");
         // A lost event ends the belief; an overlap within the margin is tolerated.
         let entries = vec![
@@ -326,7 +361,7 @@ mod tests {
             entry(base, 900, "b", Op::Acquired { token: 2, deadline: at(base, 3000) }),
             entry(base, 1200, "a", Op::Lost { token: 1 }),
         ];
-        assert!(check(&entries, &[], &Applied::new(), BOUNDS).violations.is_empty());
+        assert!(check(&entries, &[], &Grants::default(), &Applied::new(), BOUNDS).violations.is_empty());
     }
 
     #[test]
@@ -334,7 +369,7 @@ mod tests {
         let writes = vec![("a".to_owned(), 5), ("b".to_owned(), 7), ("a".to_owned(), 5), ("c".to_owned(), 8)];
         let applied: Applied =
             [(("l".into(), Resource::Postgres), writes.clone()), (("l".into(), Resource::Unfenced), writes)].into();
-        let report = check(&[], &[], &applied, BOUNDS);
+        let report = check(&[], &[], &Grants::default(), &applied, BOUNDS);
         assert_eq!(report.violations.len(), 1, "{report}");
         assert_eq!((report.unfenced_stale_applied, report.unfenced_applied), (1, 4));
     }
@@ -347,7 +382,7 @@ mod tests {
             Fault { kind: "etcd-restart", locks: vec!["l".into()], start: base, end: at(base, 1000) },
             Fault { kind: "holder-sigkill", locks: vec!["m".into()], start: base, end: base },
         ];
-        let report = check(&entries, &faults, &Applied::new(), BOUNDS);
+        let report = check(&entries, &faults, &Grants::default(), &Applied::new(), BOUNDS);
         assert_eq!(report.violations.len(), 2, "{report}");
     }
 }

@@ -62,7 +62,7 @@ async fn settle(world: &World, fault: Fault) {
 
 async fn run(plan: Plan, sidecar_bin: Option<String>) -> checker::Report {
     let started = Instant::now();
-    let world = World::start(plan.locks, plan.per_lock, sidecar_bin).await;
+    let world = World::start(plan.locks, plan.per_lock, sidecar_bin, (2, Duration::ZERO)).await;
     eprintln!("faults: system up in {:.1}s", started.elapsed().as_secs_f64());
     let gate = Arc::new(RwLock::new(()));
     let plan = Arc::new(plan);
@@ -104,7 +104,7 @@ async fn run(plan: Plan, sidecar_bin: Option<String>) -> checker::Report {
     let bounds = checker::Bounds { margin: MARGIN, recovery: LEASE + Duration::from_secs(2) };
     let entries = world.history.entries();
     let faults = world.history.faults();
-    let report = checker::check(&entries, &faults, &applied, bounds);
+    let report = checker::check(&entries, &faults, &world.grants(), &applied, bounds);
     eprintln!("faults: finished in {:.1}s\n{report}", started.elapsed().as_secs_f64());
     // Show what happened around every fault that recovered late.
     for f in faults.iter().filter(|f| {
@@ -157,24 +157,40 @@ async fn full_fault_run() {
     assert_clean(&report, 1000);
 }
 
-/// A sidecar built with the test-only feature `broken-ignore-renew-deadline` keeps
-/// reporting "held" after its renew deadline; frozen past its lease and thawed, it says
-/// "held" while another pod holds — the checker must report a violation.
+/// The scenario the broken sidecar fails (below), with the real sidecar: holders cut off
+/// from the apiserver in the middle of long critical sections self-fence in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the broken sidecar binary: run by `make test-faults`"]
-async fn broken_sidecar_is_caught() {
-    let bin = std::env::var("LEASEHOLD_BROKEN_SIDECAR").expect("LEASEHOLD_BROKEN_SIDECAR names the broken binary");
-    let world = World::start(1, 3, Some(bin)).await;
+async fn long_holds_cut_off_from_the_apiserver_self_fence() {
+    let report = partitioned_long_holds(None).await;
+    assert!(report.violations.is_empty(), "{report}");
+    assert_eq!(report.faults.get("network-blackhole"), Some(&3), "{report}");
+}
+
+async fn partitioned_long_holds(bin: Option<String>) -> checker::Report {
+    // Long critical sections (20 steps, 0.5 s apart), so that holders are inside one when
+    // their link to the apiserver breaks.
+    let world = World::start(1, 3, bin, (20, Duration::from_millis(500))).await;
     let lock = world.locks[0].clone();
     for _ in 0..3 {
-        if let Some(fault) = inject::local(&world, "holder-sigstop", &lock).await {
+        if let Some(fault) = inject::local(&world, "network-blackhole", &lock).await {
             settle(&world, fault).await;
         }
     }
     world.stop_workers();
     let applied = world.applied().await;
     let bounds = checker::Bounds { margin: MARGIN, recovery: LEASE + Duration::from_secs(2) };
-    let report = checker::check(&world.history.entries(), &world.history.faults(), &applied, bounds);
+    checker::check(&world.history.entries(), &world.history.faults(), &world.grants(), &applied, bounds)
+}
+
+/// A sidecar built with the test-only feature `broken-ignore-renew-deadline` keeps
+/// reporting "held" after its renew deadline: cut off from the apiserver (blackhole), it
+/// goes on saying "held" while the controller grants the lock to another pod — the checker
+/// must report the overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the broken sidecar binary: run by `make test-faults`"]
+async fn broken_sidecar_is_caught() {
+    let bin = std::env::var("LEASEHOLD_BROKEN_SIDECAR").expect("LEASEHOLD_BROKEN_SIDECAR names the broken binary");
+    let report = partitioned_long_holds(Some(bin)).await;
     eprintln!("broken sidecar run:\n{report}");
     assert!(!report.violations.is_empty(), "the checker missed the broken sidecar:\n{report}");
     assert!(report.violations.iter().any(|v| v.contains("both believed")), "{report}");

@@ -66,7 +66,11 @@ pub async fn run(world: Arc<World>, worker: Arc<Worker>) {
                 continue;
             }
         };
-        for _ in 0..2 {
+        let (steps, pause) = world.hold_steps;
+        for step in 0..steps {
+            if step > 0 && !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
             world.write_all(&worker, token, false).await;
             let asked = Instant::now();
             match call(&worker, "GET", &format!("/v1/locks/{lock}"), None, Duration::from_secs(5)).await {

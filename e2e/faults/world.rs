@@ -85,12 +85,18 @@ pub struct World {
     pub locks: Vec<String>,
     /// Workers by name.
     pub workers: Mutex<BTreeMap<String, Arc<Worker>>>,
+    /// Every worker that ever ran: name → holder identity.
+    pub all_workers: Mutex<BTreeMap<String, String>>,
     /// The history.
     pub history: History,
     /// ConfigMap writes applied: (lock, resourceVersion, writer, token).
     pub cm_applied: Mutex<Vec<(String, u64, String, i64)>>,
     /// The binary the sidecars run.
     pub sidecar_bin: String,
+    /// Critical-section shape: how many write-and-check steps, and the pause after each.
+    pub hold_steps: (usize, Duration),
+    /// Every grant each lock Lease went through, from watches.
+    pub grant_logs: Mutex<Vec<(String, crate::support::watch::GrantLog)>>,
     generation: Mutex<u32>,
 }
 
@@ -134,7 +140,12 @@ fn controller_args(
 
 impl World {
     /// Starts everything: `locks` locks with `per_lock` workers each.
-    pub async fn start(locks: usize, per_lock: usize, sidecar_bin: Option<String>) -> Arc<World> {
+    pub async fn start(
+        locks: usize,
+        per_lock: usize,
+        sidecar_bin: Option<String>,
+        hold_steps: (usize, Duration),
+    ) -> Arc<World> {
         let cp: &'static ControlPlane = Box::leak(Box::new(
             tokio::task::spawn_blocking(ControlPlane::start).await.expect("join").expect("start a control plane"),
         ));
@@ -163,15 +174,20 @@ impl World {
             controller_ports: ports,
             locks: (0..locks).map(|i| format!("lock-{i}")).collect(),
             workers: Mutex::default(),
+            all_workers: Mutex::default(),
             history: History::default(),
             cm_applied: Mutex::default(),
             sidecar_bin: sidecar_bin.unwrap_or_else(|| leasehold_bin().to_owned()),
+            grant_logs: Mutex::default(),
+            hold_steps,
             generation: Mutex::new(0),
         });
         world.start_controller(0).await;
         world.start_controller(1).await;
         world.env.register_webhooks(webhook).await;
         for lock in &world.locks {
+            let log = crate::support::watch::GrantLog::start(world.env.leases(), lock);
+            world.grant_logs.lock().expect("lock").push((lock.clone(), log));
             world.env.lock(lock, timing()).await;
             world.db.execute("INSERT INTO fenced (id) VALUES ($1)", &[lock]).await.expect("row");
             world.db.execute("INSERT INTO unfenced (id) VALUES ($1)", &[lock]).await.expect("row");
@@ -247,6 +263,7 @@ impl World {
             stop: CancellationToken::new(),
         });
         self.start_sidecar(&worker, clock).await;
+        self.all_workers.lock().expect("lock").insert(name.clone(), worker.pod.identity().id);
         self.workers.lock().expect("lock").insert(name, worker.clone());
         tokio::spawn(super::worker::run(self.clone(), worker.clone()));
         worker
@@ -359,6 +376,19 @@ impl World {
             applied.entry((lock, Resource::ConfigMap)).or_default().push((writer, token));
         }
         applied
+    }
+
+    /// What the lock Leases went through, and who is who.
+    pub fn grants(&self) -> super::checker::Grants {
+        let by_lock = self
+            .grant_logs
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|(lock, log)| (lock.clone(), log.grants().into_iter().map(|g| (g.holder, g.token)).collect()))
+            .collect();
+        let identities = self.all_workers.lock().expect("lock").iter().map(|(n, i)| (n.clone(), i.clone())).collect();
+        super::checker::Grants { by_lock, identities }
     }
 
     /// Stops every worker.

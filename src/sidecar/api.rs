@@ -180,10 +180,23 @@ async fn acquire(
         Err(_) => reply.try_recv().ok(),
     };
     match outcome {
-        Some(Ok(granted)) => {
-            leave.armed = false;
-            Ok(Json(granted))
-        }
+        // Check once more as the answer leaves: a hold lost meanwhile (the sidecar was
+        // paused, say) is never reported held. Leaving the queue releases it.
+        Some(Ok(granted)) => match api.slots.remaining_for(&name, id) {
+            Some(remaining) => {
+                leave.armed = false;
+                let remaining_ms = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
+                Ok(Json(super::slots::Granted { remaining_ms, ..granted }))
+            }
+            None => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "lost",
+                format!(
+                    "lock {name} was granted with token {} but the hold was lost before it could be reported",
+                    granted.fencing_token
+                ),
+            )),
+        },
         Some(Err(error)) => Err(ApiError::from(error.as_ref())),
         None => {
             Err(ApiError::new(StatusCode::CONFLICT, "timeout", format!("lock {name} was not granted within {wait:?}")))

@@ -33,6 +33,9 @@ pub struct Granted {
     pub expires_at: Timestamp,
     /// The lock's lease duration.
     pub lease_duration_seconds: u64,
+    /// Time left before self-fencing, ms, as the response is sent: the caller may count
+    /// on the hold for this long from when it receives the answer, unless told otherwise.
+    pub remaining_ms: u64,
 }
 
 /// Something that happened to a lock's hold in this pod, for the event stream.
@@ -203,6 +206,7 @@ impl Slots {
             holder: self.claimant.identity().id.clone(),
             expires_at: expires_at(&hold),
             lease_duration_seconds: hold.timing().lease_duration.as_secs(),
+            remaining_ms: 0,
         };
         let mut owner = None;
         while let Some((id, reply)) = slot.waiters.pop_front() {
@@ -340,6 +344,13 @@ impl Slots {
             remaining_ms: if held { hold.and_then(Hold::remaining).map(|r| r.as_millis() as u64) } else { None },
             local_waiters: waiters,
         }
+    }
+
+    /// Time left on the hold of `lock` handed to caller `id`, if it is still held.
+    pub fn remaining_for(&self, lock: &str, id: u64) -> Option<std::time::Duration> {
+        let slots = self.slots();
+        let slot = slots.get(lock).filter(|s| s.owner == Some(id))?;
+        slot.hold.as_ref().and_then(Hold::remaining)
     }
 
     /// Whether the pod holds `lock` now.
