@@ -110,7 +110,7 @@ pub struct DistributedLockSpec {
     #[serde(default = "default_renew_deadline")]
     #[schemars(range(min = 2, max = 3600))]
     pub renew_deadline_seconds: i32,
-    /// How often a holder renews, and how often a waiter refreshes its claim.
+    /// How often a holder renews (a waiter refreshes its claim every `max(leaseDuration, 10 s)`).
     #[serde(default = "default_retry_period")]
     #[schemars(range(min = 1, max = 600))]
     pub retry_period_seconds: i32,

@@ -22,6 +22,7 @@ pub mod claim;
 pub mod cli;
 pub mod controller;
 pub mod crd;
+pub mod crd_docs;
 pub mod lease;
 pub mod metrics;
 pub mod run;

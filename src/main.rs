@@ -29,8 +29,12 @@ enum Command {
     Run(leasehold::run::Config),
     /// Revoke a lock's current hold, audited: `release <namespace>/<name> --force --reason "..."`.
     Release(leasehold::cli::Release),
-    /// Print the DistributedLock CustomResourceDefinition as YAML.
-    Crd,
+    /// Print the DistributedLock CustomResourceDefinition (YAML), or its reference (Markdown).
+    Crd {
+        /// `yaml` (the CRD) or `markdown` (the field reference in docs/).
+        #[arg(long, default_value = "yaml", value_parser = ["yaml", "markdown"])]
+        format: String,
+    },
     /// Print the Lease guard ValidatingAdmissionPolicy and binding as YAML.
     LeaseGuard {
         /// The controller's user name, exempt from the guard.
@@ -78,8 +82,11 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Crd => {
-            print!("{}", leasehold::crd::crd_yaml());
+        Command::Crd { format } => {
+            match format.as_str() {
+                "markdown" => print!("{}", leasehold::crd_docs::reference()),
+                _ => print!("{}", leasehold::crd::crd_yaml()),
+            }
             Ok(())
         }
         Command::Sidecar(config) => {

@@ -154,3 +154,34 @@ pub fn render(registry: &Registry) -> String {
     let _ = prometheus_client::encoding::text::encode(&mut out, registry);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/metrics.md lists every metric family and every Event reason.
+    #[test]
+    fn every_metric_is_documented() {
+        let doc = include_str!("../docs/metrics.md");
+        let mut registry = Registry::default();
+        ControllerMetrics::register(&mut registry);
+        ClientMetrics::register(&mut registry);
+        let text = render(&registry);
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        // Labelled families without samples are not rendered; they are checked by name below.
+        assert!(families.len() >= 13, "{families:?}");
+        for labelled in ["leasehold_controller_revocations", "leasehold_controller_reconcile_errors"] {
+            assert!(doc.contains(&format!("`{labelled}")), "docs/metrics.md does not document {labelled}");
+        }
+        for family in families {
+            assert!(doc.contains(&format!("`{family}")), "docs/metrics.md does not document {family}");
+        }
+        for reason in crate::controller::reconcile::EVENT_REASONS {
+            assert!(doc.contains(&format!("| `{reason}` |")), "docs/metrics.md does not document the Event {reason}");
+        }
+    }
+}

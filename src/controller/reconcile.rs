@@ -27,8 +27,11 @@ use crate::crd::{
     LABEL_LOCK, LABEL_ROLE, MANAGER_CONTROLLER, ROLE_CLAIM,
 };
 use crate::lease::identity::PodRef;
-use crate::lease::{CasError, LeaseStore, Timing, clock::Sighting, token};
+use crate::lease::{self, CasError, LeaseStore, Timing, clock::Sighting, token};
 use crate::metrics::{ReasonLabel, RevokeReason};
+
+/// The reasons of the Events the controller emits (documented in docs/metrics.md).
+pub const EVENT_REASONS: [&str; 5] = ["Granted", "Released", "Expired", "ForceReleased", "LeaseConflict"];
 
 /// How often a lock whose Lease is foreign is looked at again (a foreign Lease carries no
 /// labels of ours, so its deletion reaches us through no watch).
@@ -400,6 +403,13 @@ async fn apply_status(
         return Ok(());
     }
     record_transitions(ctx, &previous, &desired);
+    if desired.stats.releases > previous.stats.releases
+        && let Some(old) = &previous.holder
+    {
+        let pod = lease::Identity::parse(&old.identity).pod;
+        let note = format!("released by {} (token {})", old.identity, old.fencing_token);
+        publish(ctx, lock, EventType::Normal, "Released", note, pod.as_ref());
+    }
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.0);
     let patch = json!({
         "apiVersion": DistributedLock::api_version(&()),
