@@ -23,12 +23,15 @@ controlplane: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl fr
 	e2e/controlplane/build.sh
 
 .PHONY: generate
-generate: ## Regenerate committed generated files (the CRD).
+generate: ## Regenerate committed generated files (the CRD, and the chart's copies of it and of the Lease guard).
 	$(CARGO) run -q --bin leasehold -- crd > crds/leasehold.dev_distributedlocks.yaml
+	cp crds/leasehold.dev_distributedlocks.yaml charts/leasehold/files/crd.yaml
+	$(CARGO) run -q --bin leasehold -- lease-guard --controller-user __LEASEHOLD_CONTROLLER_USER__ \
+		> charts/leasehold/files/lease-guard.yaml
 
 .PHONY: verify
 verify: generate ## Fail if generated files differ from what is committed.
-	git diff --exit-code -- crds/
+	git diff --exit-code -- crds/ charts/leasehold/files/
 
 .PHONY: fmt-check
 fmt-check: ## cargo fmt --check.
@@ -37,6 +40,14 @@ fmt-check: ## cargo fmt --check.
 .PHONY: clippy
 clippy: ## clippy with warnings as errors.
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: tools
+tools: ## Build helm and kubeconform from the Go module proxy (cached).
+	e2e/tools/build.sh
+
+.PHONY: lint
+lint: ## helm lint, and kubeconform --strict of the chart rendered with every documented value set.
+	e2e/tools/lint-chart.sh
 
 .PHONY: unit
 unit: ## Unit tests (pure logic, no control plane).
@@ -47,7 +58,7 @@ e2e: controlplane ## End-to-end tests against the real control plane.
 	$(CARGO) test --workspace --tests -- --test-threads=$(E2E_THREADS)
 
 .PHONY: test
-test: fmt-check clippy verify unit e2e ## Everything CI runs: format, lints, generated files, unit and e2e tests.
+test: fmt-check clippy verify lint unit e2e ## Everything CI runs: format, lints, generated files, chart lint, unit and e2e tests.
 
 .PHONY: dev
 dev: build controlplane ## Start a local control plane with the CRD and a controller, in the background.

@@ -3,6 +3,7 @@
 //! Leasehold processes.
 
 mod admission;
+mod chart;
 mod controller;
 mod controlplane;
 mod sidecar;

@@ -30,6 +30,7 @@ pub mod netfault;
 mod pki;
 pub mod postgres;
 pub mod process;
+pub mod schemas;
 mod startup;
 mod wait;
 

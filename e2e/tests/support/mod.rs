@@ -5,6 +5,7 @@
 #![allow(dead_code)] // Each test module uses a different subset.
 
 pub mod admission;
+pub mod lifecycle;
 pub mod watch;
 
 use std::net::{SocketAddr, TcpListener};
