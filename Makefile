@@ -23,15 +23,16 @@ controlplane: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl fr
 	e2e/controlplane/build.sh
 
 .PHONY: generate
-generate: ## Regenerate committed generated files (the CRD, and the chart's copies of it and of the Lease guard).
+generate: ## Regenerate committed generated files (the CRD and its reference, the chart's copies of it and of the Lease guard).
 	$(CARGO) run -q --bin leasehold -- crd > crds/leasehold.dev_distributedlocks.yaml
+	$(CARGO) run -q --bin leasehold -- crd --format markdown > docs/crd-reference.md
 	cp crds/leasehold.dev_distributedlocks.yaml charts/leasehold/files/crd.yaml
 	$(CARGO) run -q --bin leasehold -- lease-guard --controller-user __LEASEHOLD_CONTROLLER_USER__ \
 		> charts/leasehold/files/lease-guard.yaml
 
 .PHONY: verify
 verify: generate ## Fail if generated files differ from what is committed.
-	git diff --exit-code -- crds/ charts/leasehold/files/
+	git diff --exit-code -- crds/ charts/leasehold/files/ docs/crd-reference.md
 
 .PHONY: fmt-check
 fmt-check: ## cargo fmt --check.
@@ -59,6 +60,16 @@ e2e: controlplane ## End-to-end tests against the real control plane.
 
 .PHONY: test
 test: fmt-check clippy verify lint unit e2e ## Everything CI runs: format, lints, generated files, chart lint, unit and e2e tests.
+
+.PHONY: test-faults
+test-faults: controlplane ## The long fault-injection suite (>= 1,000 faults) and the broken-sidecar demonstration.
+	$(CARGO) build --features broken-ignore-renew-deadline --bin leasehold --target-dir target/broken
+	LEASEHOLD_BROKEN_SIDECAR=$(CURDIR)/target/broken/debug/leasehold \
+		$(CARGO) test --test faults -- --ignored --nocapture --test-threads=1
+
+.PHONY: demo
+demo: build controlplane tools ## Run Leasehold end to end on a local control plane: three workers, a frozen holder, a rejected stale write (Ctrl-C ends it).
+	@eval "$$(e2e/tools/build.sh)"; target/debug/leasehold-demo --leasehold target/debug/leasehold --helm "$$helm"
 
 .PHONY: dev
 dev: build controlplane ## Start a local control plane with the CRD and a controller, in the background.

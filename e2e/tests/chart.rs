@@ -11,7 +11,7 @@
 //! chart's webhook configurations at it (see `rbac.rs`).
 
 mod cluster;
-mod helm;
+pub mod helm;
 mod install;
 mod rbac;
 mod render;

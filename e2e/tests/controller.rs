@@ -455,3 +455,32 @@ async fn idle_and_steadily_held_locks_cause_no_status_writes_for_30_seconds() {
     assert!(hold.is_held());
     hold.release().await;
 }
+
+#[tokio::test]
+async fn only_the_locks_clients_are_granted() {
+    let env = Env::new("clients").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.lock(LOCK, DistributedLockSpec { clients: vec![a.service_account.clone()], ..DistributedLockSpec::default() })
+        .await;
+    env.wait_claim_rbac(&a).await;
+    // RBAC binds only the lock's clients: b may not even claim.
+    match b.claimant(env.name()).acquire(LOCK, Duration::from_secs(3)).await {
+        Err(leasehold::claim::AcquireError::Forbidden { .. }) => {}
+        other => panic!("b claimed a lock whose clients exclude it: {:?}", other.map(|h| h.token())),
+    }
+    // Another lock open to everyone widens the namespace's RBAC; the controller still
+    // grants `orders` only to its clients.
+    env.lock("open", DistributedLockSpec::default()).await;
+    env.wait_claim_rbac(&b).await;
+    let refused = b.claimant(env.name()).acquire(LOCK, Duration::from_secs(4)).await;
+    assert!(
+        matches!(refused, Err(leasehold::claim::AcquireError::Timeout { .. })),
+        "b was granted: {:?}",
+        refused.map(|h| h.token())
+    );
+    let hold = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a, a client, is granted");
+    hold.release().await;
+    let open = b.claimant(env.name()).acquire("open", WAIT).await.expect("b may hold the open lock");
+    open.release().await;
+}

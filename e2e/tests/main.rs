@@ -6,6 +6,8 @@ mod admission;
 mod chart;
 mod controller;
 mod controlplane;
+mod demo;
+mod examples;
 mod sidecar;
 mod sidecar_api;
 mod support;

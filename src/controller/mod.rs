@@ -170,6 +170,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         tokens: Mutex::default(),
         holders: Arc::default(),
         rbac: Mutex::default(),
+        pod_accounts: Mutex::default(),
     });
 
     {

@@ -176,13 +176,17 @@ async fn step(
     let age_of = |c: &Claim| claims.iter().position(|x| x.uid == c.uid).map_or(Duration::ZERO, |i| claim_ages[i]);
     let (mut live, mut stale) = super::queue::split(&claims, hold.as_ref().map(|h| h.identity.id.as_str()), age_of);
 
-    // A waiter whose Pod is gone is not served: check the head until one is alive.
+    // A waiter whose Pod is gone, or who is not among the lock's clients, is not served:
+    // check the head until one may be.
     while let Some(head) = live.first().copied() {
-        match &head.identity.pod {
-            Some(pod) if pod_gone(ctx, &key.0, pod).await? => {
-                stale.push(live.remove(0));
-            }
-            _ => break,
+        let gone = match &head.identity.pod {
+            Some(pod) => pod_gone(ctx, &key.0, pod).await?,
+            None => false,
+        };
+        if gone || !client_allowed(ctx, &key.0, &lock.spec.clients, head).await {
+            stale.push(live.remove(0));
+        } else {
+            break;
         }
     }
 
@@ -457,6 +461,51 @@ async fn pod_gone(ctx: &Context, namespace: &str, pod: &PodRef) -> Result<bool, 
             Ok(false)
         }
     }
+}
+
+/// Whether the claimant of `claim` may hold a lock with `clients` (empty: anyone the
+/// namespace's RBAC lets claim). A pod claims as its ServiceAccount (read once per pod);
+/// anyone else by the `system:serviceaccount:<ns>:<name>/` prefix of its identity.
+async fn client_allowed(ctx: &Context, namespace: &str, clients: &[String], claim: &Claim) -> bool {
+    if clients.is_empty() {
+        return true;
+    }
+    let account = match &claim.identity.pod {
+        Some(pod) => {
+            let known = ctx.pod_accounts.lock().expect("pod accounts are never poisoned").get(&pod.uid).cloned();
+            match known {
+                Some(account) => Some(account),
+                None => {
+                    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+                    let account = pods
+                        .get_opt(&pod.name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .filter(|p| p.metadata.uid.as_deref() == Some(pod.uid.as_str()))
+                        .and_then(|p| p.spec.and_then(|s| s.service_account_name));
+                    if let Some(a) = &account {
+                        ctx.pod_accounts
+                            .lock()
+                            .expect("pod accounts are never poisoned")
+                            .insert(pod.uid.clone(), a.clone());
+                    }
+                    account
+                }
+            }
+        }
+        None => claim
+            .identity
+            .id
+            .strip_prefix(&format!("system:serviceaccount:{namespace}:"))
+            .and_then(|rest| rest.split_once('/'))
+            .map(|(account, _)| account.to_owned()),
+    };
+    let allowed = account.as_ref().is_some_and(|a| clients.contains(a));
+    if !allowed {
+        warn!(namespace, claimant = %claim.identity, ?account, "claimant is not among the lock's clients; dropping its claim");
+    }
+    allowed
 }
 
 /// Emits an Event on the lock (related to the Pod, if any) without delaying the reconcile.

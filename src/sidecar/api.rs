@@ -271,6 +271,33 @@ mod tests {
         }
     }
 
+    /// docs/sidecar-api.md covers every operation, field and error code of the OpenAPI
+    /// document (which an end-to-end test checks against the running server).
+    #[test]
+    fn the_reference_page_covers_the_openapi_document() {
+        let spec: serde_json::Value =
+            serde_saphyr::from_str(include_str!("../../docs/sidecar-api.yaml")).expect("parses");
+        let page = include_str!("../../docs/sidecar-api.md");
+        for (path, item) in spec["paths"].as_object().expect("paths") {
+            for method in item.as_object().expect("operations").keys() {
+                let heading = format!("`{} {path}`", method.to_uppercase());
+                assert!(page.contains(&heading), "docs/sidecar-api.md lacks {heading}");
+            }
+        }
+        for (name, schema) in spec["components"]["schemas"].as_object().expect("schemas") {
+            for field in schema["properties"].as_object().into_iter().flatten().map(|(k, _)| k) {
+                assert!(page.contains(&format!("`{field}`")), "docs/sidecar-api.md lacks the field {field} of {name}");
+            }
+        }
+        for code in spec["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"]
+            .as_array()
+            .expect("codes")
+        {
+            let code = code.as_str().expect("a string");
+            assert!(page.contains(&format!("`{code}`")), "docs/sidecar-api.md lacks the error code {code}");
+        }
+    }
+
     #[test]
     fn waits() {
         let max = Duration::from_secs(3600);
