@@ -61,6 +61,11 @@ e2e: controlplane ## End-to-end tests against the real control plane.
 .PHONY: test
 test: fmt-check clippy verify lint unit e2e ## Everything CI runs: format, lints, generated files, chart lint, unit and e2e tests.
 
+.PHONY: bench
+bench: controlplane ## Benchmarks vs. the floors and peer libraries, one run (~11 min warm, builds first if cold); report in target/bench/.
+	bench/prepare.sh >/dev/null
+	$(CARGO) bench --bench leasehold
+
 .PHONY: test-faults
 test-faults: controlplane ## The long fault-injection suite (>= 1,000 faults) and the broken-sidecar demonstration.
 	$(CARGO) build --features broken-ignore-renew-deadline --bin leasehold --target-dir target/broken

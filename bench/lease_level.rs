@@ -1,0 +1,153 @@
+//! Issue 3's closing figures, at the Lease level with no sidecar in the way: grant latency
+//! (claim Lease created → grant visible on a watch of the lock Lease) and voluntary handoff
+//! (the holder's CAS clearing the holder returned → next grant visible). The claimants are
+//! the bench itself, writing exactly what a claimant writes (`leasehold::claim::edit`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::PostParams;
+use leasehold::claim::edit;
+use leasehold::lease::Identity;
+use rand::Rng;
+use serde_json::json;
+
+use crate::observe::Latest;
+use crate::record::{Panel, Run, Series};
+use crate::stats::ms_between;
+use crate::support::Env;
+use crate::support::watch::GrantLog;
+
+const WAIT: Duration = Duration::from_secs(60);
+/// Claim TTL as the claimant API computes it for the default 15 s lease (3 × 15 s).
+const CLAIM_TTL: i32 = 45;
+
+/// Confirms the grant on `lease` (renewal by CAS), as a claimant does at once.
+async fn confirm(leases: &Api<Lease>, lock: &str, lease: &Lease) -> anyhow::Result<Lease> {
+    leases.replace(lock, &PostParams::default(), &edit::renewed(lease, Timestamp::now())).await.context("confirm")
+}
+
+/// Grant latency: the lock is free in the controller's view; a claim is created; the grant
+/// to it is seen on a watch; the bench confirms, deletes the claim and releases.
+pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize) -> anyhow::Result<Run> {
+    let leases = env.leases();
+    let dl = Latest::start(env.locks(), lock);
+    let mut grants = GrantLog::start(leases.clone(), lock);
+    let me = Identity::for_process();
+    let base = dl.wait("status", WAIT, |d| d.status.is_some()).await?.1.status.unwrap_or_default().stats.releases;
+    let (mut from_created, mut from_call) = (Vec::new(), Vec::new());
+    for i in 0..warmup + samples {
+        let want = base + i64::try_from(i).unwrap_or(0);
+        dl.wait("the previous release recorded", WAIT, |d| d.status.as_ref().is_some_and(|s| s.stats.releases >= want))
+            .await?;
+        let seen_before = grants.grants().len();
+        let call = Instant::now();
+        leases.create(&PostParams::default(), &edit::claim_lease(lock, &me, CLAIM_TTL, Timestamp::now())).await?;
+        let created = Instant::now();
+        let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
+        ensure!(grant.holder == me.id, "granted to {}", grant.holder);
+        if i >= warmup {
+            from_created.push(ms_between(created, grant.seen));
+            from_call.push(ms_between(call, grant.seen));
+        }
+        let lease = leases.get(lock).await?;
+        let confirmed = confirm(&leases, lock, &lease).await?;
+        leases.delete(&me.claim_name(lock), &Default::default()).await?;
+        leases.replace(lock, &PostParams::default(), &edit::released(&confirmed)).await?;
+    }
+    let params = json!({
+        "warmup": warmup,
+        "samples": samples,
+        "claimant": "the bench, admin client, identity outside any Pod",
+        "sample_start": "create of the claim Lease returned",
+        "sample_stop": "the grant (holder = claimant) arrived on the bench's watch of the lock Lease",
+        "between_cycles": "confirm, delete the claim, clear the holder; wait until status counts the release",
+    });
+    let mut run = Run::default();
+    run.series.push(Series::new(
+        "leasehold.lease.grant",
+        "Leasehold grant latency, Lease level (claim created → grant visible on a watch)",
+        "Leasehold",
+        Panel::Fast,
+        from_created,
+        params.clone(),
+    ));
+    run.series.push(Series::new(
+        "leasehold.lease.grant_from_call",
+        "Leasehold grant latency, Lease level, from the claim create call",
+        "Leasehold",
+        Panel::Fast,
+        from_call,
+        params,
+    ));
+    Ok(run)
+}
+
+/// Voluntary handoff at the Lease level between two claimant identities: the waiter's claim
+/// is queued (status lists it, plus U[50,100) ms); the holder deletes its claim, then clears
+/// the holder by CAS (timed from that call's return); the grant to the waiter is seen on
+/// the watch, and the waiter confirms at once.
+pub async fn handoff(env: &Env, lock: &str, warmup: usize, samples: usize) -> anyhow::Result<Run> {
+    let leases = env.leases();
+    let dl = Latest::start(env.locks(), lock);
+    let mut grants = GrantLog::start(leases.clone(), lock);
+    let (a, b) = (Identity::for_process(), Identity::for_process());
+    let post = PostParams::default();
+
+    leases.create(&post, &edit::claim_lease(lock, &a, CLAIM_TTL, Timestamp::now())).await?;
+    grants.wait_for(1, WAIT).await;
+    let mut held = confirm(&leases, lock, &leases.get(lock).await?).await?;
+    let (mut holder, mut waiter) = (&a, &b);
+    let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
+    for i in 0..warmup + samples {
+        leases.create(&post, &edit::claim_lease(lock, waiter, CLAIM_TTL, Timestamp::now())).await?;
+        dl.wait("the waiter queued", WAIT, |d| {
+            d.status.as_ref().is_some_and(|s| s.waiters.iter().any(|w| w.identity == waiter.id))
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..100))).await;
+        leases.delete(&holder.claim_name(lock), &Default::default()).await?;
+        let seen_before = grants.grants().len();
+        let call = Instant::now();
+        leases.replace(lock, &post, &edit::released(&held)).await.context("release")?;
+        let returned = Instant::now();
+        let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
+        ensure!(grant.holder == waiter.id, "granted to {} instead of the waiter", grant.holder);
+        held = confirm(&leases, lock, &leases.get(lock).await?).await?;
+        if i >= warmup {
+            from_return.push(ms_between(returned, grant.seen));
+            from_call.push(ms_between(call, grant.seen));
+        }
+        std::mem::swap(&mut holder, &mut waiter);
+    }
+    leases.delete(&holder.claim_name(lock), &Default::default()).await?;
+    leases.replace(lock, &post, &edit::released(&held)).await?;
+    let params = json!({
+        "warmup": warmup,
+        "samples": samples,
+        "claimants": "the bench, two identities outside any Pod, admin client",
+        "sample_start": "the holder's CAS clearing holderIdentity returned",
+        "sample_stop": "the grant to the waiter arrived on the bench's watch of the lock Lease",
+    });
+    let mut run = Run::default();
+    run.series.push(Series::new(
+        "leasehold.lease.handoff",
+        "Leasehold voluntary handoff, Lease level (release CAS returned → next grant visible)",
+        "Leasehold",
+        Panel::Handoff,
+        from_return,
+        params.clone(),
+    ));
+    run.series.push(Series::new(
+        "leasehold.lease.handoff_from_call",
+        "Leasehold voluntary handoff, Lease level, from the release CAS call",
+        "Leasehold",
+        Panel::Handoff,
+        from_call,
+        params,
+    ));
+    Ok(run)
+}

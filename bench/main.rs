@@ -1,0 +1,306 @@
+//! `make bench` (issue 8): Leasehold against the floors and the peer libraries, in one run
+//! on this machine, against a control plane of its own.
+//!
+//! Order matters: the quiet baseline of apiserver writes first (before any lock exists),
+//! then the latency-sensitive measurements one at a time, then throughput, then the slow
+//! timer-bound runs (peers' handoffs and failovers, Leasehold's crash failover) side by
+//! side, and the 10,000-lock memory run last (it leaves the apiserver with a lot to carry).
+//! Every phase's failure is recorded and the run goes on; the exit status says whether
+//! any failed. `LEASEHOLD_BENCH_QUICK=1` runs tiny sample counts (a smoke test of the
+//! driver); `LEASEHOLD_BENCH_PHASES=word,...` runs only the phases whose names contain
+//! one of the words. See bench/README.md.
+
+#[path = "../e2e/tests/support/mod.rs"]
+mod support;
+
+mod floors;
+mod lease_level;
+mod observe;
+mod output;
+mod peers;
+mod plan;
+mod record;
+mod report;
+mod scale;
+mod sidecar;
+mod slow;
+mod stats;
+mod throughput;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::FutureExt;
+use serde_json::json;
+
+use observe::{Writes, scrape};
+use plan::Plan;
+use record::{Panel, Run};
+use support::Env;
+
+fn main() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime");
+    match runtime.block_on(bench()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("bench: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints a progress line with the time since start.
+fn say(began: Instant, what: &str) {
+    eprintln!("bench [{:>6.1}s] {what}", began.elapsed().as_secs_f64());
+}
+
+/// Whether phase `name` runs: all do, unless `LEASEHOLD_BENCH_PHASES` lists words (comma
+/// separated, case-insensitive) of which the name must contain one (setup always runs).
+fn selected(name: &str) -> bool {
+    let name = name.to_lowercase();
+    match std::env::var("LEASEHOLD_BENCH_PHASES") {
+        Ok(words) if !words.trim().is_empty() => {
+            name.starts_with("setup")
+                || words.split(',').map(|w| w.trim().to_lowercase()).any(|w| !w.is_empty() && name.contains(&w))
+        }
+        _ => true,
+    }
+}
+
+/// Runs one phase: its records merged into `run`, its wall time noted, a failure (error or
+/// panic) recorded instead of ending the run.
+async fn phase<F: Future<Output = anyhow::Result<Run>>>(run: &mut Run, began: Instant, name: &str, f: F) {
+    if !selected(name) {
+        run.notes.push(format!("phase skipped (LEASEHOLD_BENCH_PHASES): {name}"));
+        return;
+    }
+    say(began, &format!("{name} ..."));
+    let started = Instant::now();
+    let outcome = AssertUnwindSafe(f).catch_unwind().await;
+    let seconds = started.elapsed().as_secs_f64();
+    run.phases.push((name.to_owned(), seconds));
+    match outcome {
+        Ok(Ok(records)) => run.merge(records),
+        Ok(Err(error)) => run.failures.push(format!("{name}: {error:#}")),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "panicked".into());
+            run.failures.push(format!("{name}: panicked: {message}"));
+        }
+    }
+    say(began, &format!("{name} done in {seconds:.1}s"));
+}
+
+/// Rounds to one decimal.
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+async fn bench() -> anyhow::Result<bool> {
+    let began = Instant::now();
+    let plan = Plan::from_env();
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::var_os("LEASEHOLD_BENCH_OUT").map_or_else(|| repo.join("target/bench"), PathBuf::from);
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("failed to create {}", logs.display()))?;
+    let mut run = Run::default();
+
+    // Not timed: builds of the peers and the plotting venv (no-ops when up to date).
+    say(began, "preparing (bench/prepare.sh) ...");
+    let prepared = Instant::now();
+    let cache = output::prepare(&repo)?;
+    run.facts.insert(
+        "prepare (s; untimed builds, a no-op when warm)".into(),
+        json!(round1(prepared.elapsed().as_secs_f64())),
+    );
+    let bins = peers::Bins::in_dir(&cache.join("peers"))?;
+    output::facts(&mut run, &repo, &plan);
+    let measured = Instant::now();
+
+    let env = Env::new("bench").await;
+    let cp = env.cp;
+    run.facts.insert("control plane start-up (s)".into(), json!(round1(cp.startup_time().as_secs_f64())));
+    let admin = cp.admin_client().await;
+    let controller = env.controller(&[]).await;
+    let peers = peers::Peers {
+        bins,
+        kubeconfig: cp.kubeconfig_path().display().to_string(),
+        namespace: cp.namespace("bench-peers").await.name.clone(),
+        etcd: cp.etcd_url().to_owned(),
+        logs: logs.clone(),
+    };
+
+    // 1. The background of apiserver writes with no lock anywhere (the controller's and the
+    //    apiserver's own Lease renewals), and meanwhile the etcd floor and the etcd lock's
+    //    handoff, which never touch the apiserver.
+    let mut background = Writes::default();
+    let baseline = baseline(&admin, &peers, &plan, &mut background);
+    phase(&mut run, began, "baseline writes + etcd floor + etcd handoff", baseline).await;
+
+    // Locks, pods and sidecars for what follows (their creation writes fall in no window).
+    let mut world = None;
+    phase(&mut run, began, "setup: locks, pods, sidecars", async {
+        let (w, r) = World::set_up(&env, &plan).await?;
+        world = Some(w);
+        Ok(r)
+    })
+    .await;
+    let Some(world) = world else {
+        return output::finish(run, &out, &logs, began, measured).await;
+    };
+
+    // 2. Floors through the apiserver.
+    phase(&mut run, began, "floor: Lease CAS (kube-rs, client-go)", async {
+        let mut r = Run::default();
+        r.series.push(floors::lease_cas(env.leases(), plan.warmup, plan.samples).await?);
+        let cas = peers.run("lease-cas", plan.samples, &[], "lease-cas").await?;
+        r.series.push(cas.series(
+            "floor.lease_cas.clientgo",
+            "One Lease CAS (update with resourceVersion) through the apiserver, client-go",
+            Panel::Fast,
+        ));
+        Ok(r)
+    })
+    .await;
+
+    // 3. Leasehold through sidecars and at the Lease level, one measurement at a time.
+    phase(&mut run, began, "Leasehold: uncontended acquire", async {
+        sidecar::uncontended(&env, &admin, &world.acquirer, "acquire", &background, plan.warmup, plan.samples).await
+    })
+    .await;
+    phase(&mut run, began, "Leasehold: voluntary handoff via sidecars", async {
+        let ((sa, a), (sb, b)) = &world.handoff;
+        sidecar::handoff(&env, (sa, a), (sb, b), "handoff", plan.handoff_warmup, plan.samples).await
+    })
+    .await;
+    phase(&mut run, began, "Leasehold: grant latency and handoff at the Lease level", async {
+        let mut r = lease_level::grant_latency(&env, "lease-grant", plan.handoff_warmup, plan.samples).await?;
+        r.merge(lease_level::handoff(&env, "lease-handoff", plan.handoff_warmup, plan.samples).await?);
+        Ok(r)
+    })
+    .await;
+    phase(&mut run, began, "Leasehold: held locks (writes, sidecar memory)", async {
+        let locks: Vec<String> = (0..plan.held_locks).map(|i| format!("held-{i}")).collect();
+        sidecar::held(&admin, &world.acquirer, &locks, &background, plan.held_window).await
+    })
+    .await;
+    phase(&mut run, began, "Leasehold: Pod-deletion failover", async {
+        sidecar::pod_deletion(&env, "poddel", plan.pod_deletions).await
+    })
+    .await;
+    for &locks in &plan.throughput_locks {
+        let name = format!("Leasehold: throughput, {locks} locks × {} clients", plan.clients_per_lock);
+        phase(&mut run, began, &name, async {
+            let (clients, warmup, window) = (plan.clients_per_lock, plan.throughput_warmup, plan.throughput_window);
+            let mut r = Run::default();
+            r.throughput.push(throughput::run(&env, &admin, &background, locks, clients, warmup, window).await?);
+            Ok(r)
+        })
+        .await;
+    }
+    if let Some(pid) = controller.process.as_ref().map(|p| p.pid()) {
+        let locks = 5 + plan.held_locks + plan.crash_pairs + plan.throughput_locks.iter().sum::<usize>();
+        let what = "controller (main namespace), after the throughput runs";
+        match observe::memory(pid, what, json!({ "locks": locks })) {
+            Ok(m) => run.memory.push(m),
+            Err(e) => run.failures.push(format!("{e:#}")),
+        }
+    }
+
+    // 4. The slow, timer-bound runs side by side.
+    let name = "slow block: peers (client-go, etcd, kube-lease-manager) + Leasehold crash failover";
+    phase(&mut run, began, name, slow::run(&env, &peers, &plan)).await;
+
+    // 5. Controller memory with many locks. Everything above is stopped first, so that the
+    //    quiet window sees the same background as the baseline (one controller electing).
+    drop(world);
+    drop(controller);
+    let scale_plan = scale::Plan {
+        counts: plan.scale_counts.clone(),
+        concurrency: plan.create_concurrency,
+        idle_window: plan.idle_window,
+        timeout: plan.scale_timeout,
+    };
+    phase(&mut run, began, "controller memory with many locks + idle writes", async {
+        let env = Env::new("bench-scale").await;
+        let controller = env.controller(&[]).await;
+        scale::run(&env, &controller, &admin, &background, &scale_plan).await
+    })
+    .await;
+
+    output::finish(run, &out, &logs, began, measured).await
+}
+
+/// The quiet baseline: apiserver writes over `plan.baseline_window` with no lock anywhere,
+/// into `background`; meanwhile the etcd floor and the etcd lock's handoff.
+async fn baseline(
+    admin: &kube::Client,
+    peers: &peers::Peers,
+    plan: &Plan,
+    background: &mut Writes,
+) -> anyhow::Result<Run> {
+    let before = scrape(admin).await?;
+    let t0 = Instant::now();
+    let etcd = async {
+        let put = peers.run("etcd-put", plan.etcd_put, &[], "etcd-put").await?;
+        let handoff = peers.run("etcd-handoff", plan.etcd_handoff, &[], "etcd-handoff").await?;
+        anyhow::Ok((put, handoff))
+    };
+    let (etcd, ()) = tokio::join!(etcd, tokio::time::sleep(plan.baseline_window));
+    let writes = Writes::between(&before, &scrape(admin).await?, t0.elapsed().as_secs_f64());
+    let mut r = Run::default();
+    r.facts.insert(
+        "background apiserver writes/min (no locks; subtracted from every write count)".into(),
+        json!(writes.breakdown(writes.seconds / 60.0)),
+    );
+    r.facts.insert("background window (s)".into(), json!(round1(writes.seconds)));
+    *background = writes;
+    let (put, handoff) = etcd?;
+    r.series.push(put.series("floor.etcd_put", "One etcd Put (512 B value)", Panel::Fast));
+    r.series.push(handoff.series(
+        "peer.etcd.handoff",
+        "etcd concurrency.Mutex handoff (Unlock returned → waiter's Lock returned)",
+        Panel::Handoff,
+    ));
+    Ok(r)
+}
+
+/// The locks, pods and sidecars the Leasehold phases share.
+struct World {
+    /// The sidecar of pod `acq`: uncontended acquire, then the held locks.
+    acquirer: support::Sidecar,
+    /// Two pods' sidecars for the handoff.
+    handoff: ((support::Sidecar, support::TestPod), (support::Sidecar, support::TestPod)),
+}
+
+impl World {
+    /// Creates every lock of the run and the long-lived sidecars; reads the idle sidecar's
+    /// memory.
+    async fn set_up(env: &Env, plan: &Plan) -> anyhow::Result<(World, Run)> {
+        let mut names: Vec<String> =
+            ["acquire", "handoff", "lease-grant", "lease-handoff", "poddel"].map(str::to_owned).into();
+        names.extend((0..plan.held_locks).map(|i| format!("held-{i}")));
+        names.extend((0..plan.crash_pairs).map(|i| format!("crash-{i}")));
+        for name in &names {
+            sidecar::create_lock(env, name).await?;
+        }
+        let pod = env.pod("acq").await;
+        env.wait_claim_rbac(&pod).await;
+        let acquirer = env.sidecar(&pod, &[]).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut r = Run::default();
+        let idle = json!({"after": "healthy + 2 s, no lock yet"});
+        r.memory.push(sidecar::sidecar_memory(&acquirer, "sidecar idle", idle)?);
+        let (a, b) = (env.pod("ha").await, env.pod("hb").await);
+        let (sa, sb) = (env.sidecar(&a, &[]).await, env.sidecar(&b, &[]).await);
+        Ok((World { acquirer, handoff: ((sa, a), (sb, b)) }, r))
+    }
+}

@@ -1,0 +1,140 @@
+//! How much to measure. The full plan fits `make bench` in 20 minutes on the 2-core
+//! machine (warm builds); `LEASEHOLD_BENCH_QUICK=1` is a smoke test of the driver.
+
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+
+/// Serialises a duration as seconds.
+fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// Sample counts, windows and sizes of one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    /// The quick (smoke-test) profile.
+    pub quick: bool,
+    /// Untimed cycles before the acquire and CAS loops.
+    pub warmup: usize,
+    /// Untimed cycles before the handoff and grant loops.
+    pub handoff_warmup: usize,
+    /// Samples of acquire, handoff, grant latency and the CAS floors.
+    pub samples: usize,
+    /// Quiet window measuring background apiserver writes.
+    #[serde(serialize_with = "secs")]
+    pub baseline_window: Duration,
+    /// Locks held by one sidecar while counting renewal writes.
+    pub held_locks: usize,
+    /// Window of that count.
+    #[serde(serialize_with = "secs")]
+    pub held_window: Duration,
+    /// Pod-deletion failover samples.
+    pub pod_deletions: usize,
+    /// Lock counts of the throughput runs.
+    pub throughput_locks: Vec<usize>,
+    /// Contending clients per lock.
+    pub clients_per_lock: usize,
+    /// Throughput warm-up before the window.
+    #[serde(serialize_with = "secs")]
+    pub throughput_warmup: Duration,
+    /// Throughput window.
+    #[serde(serialize_with = "secs")]
+    pub throughput_window: Duration,
+    /// Crash-failover lock pairs run in parallel.
+    pub crash_pairs: usize,
+    /// Crash-failover rounds per pair.
+    pub crash_rounds: usize,
+    /// Peer sample counts.
+    pub etcd_put: usize,
+    /// etcd lock handoff samples.
+    pub etcd_handoff: usize,
+    /// client-go handoff samples (~8.5 s each).
+    pub clientgo_handoff: usize,
+    /// client-go failover samples (~24 s each).
+    pub clientgo_failover: usize,
+    /// etcd lock failover samples (~16 s each with TTL 15).
+    pub etcd_failover: usize,
+    /// kube-lease-manager handoff samples (~30 s each).
+    pub klm_handoff: usize,
+    /// kube-lease-manager failover samples (~31 s each).
+    pub klm_failover: usize,
+    /// Lock counts at which controller memory is read.
+    pub scale_counts: Vec<usize>,
+    /// Lock creates in flight.
+    pub create_concurrency: usize,
+    /// Quiet window with the most idle locks.
+    #[serde(serialize_with = "secs")]
+    pub idle_window: Duration,
+    /// Longest wait for the controller to reconcile one scale step.
+    #[serde(serialize_with = "secs")]
+    pub scale_timeout: Duration,
+}
+
+impl Plan {
+    /// The full plan, or the quick one when `LEASEHOLD_BENCH_QUICK` is set (and not `0`).
+    pub fn from_env() -> Plan {
+        let quick = std::env::var("LEASEHOLD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        if quick { Plan::quick() } else { Plan::full() }
+    }
+
+    fn full() -> Plan {
+        Plan {
+            quick: false,
+            warmup: 20,
+            handoff_warmup: 10,
+            samples: 200,
+            baseline_window: Duration::from_secs(20),
+            held_locks: 10,
+            held_window: Duration::from_secs(30),
+            pod_deletions: 20,
+            throughput_locks: vec![1, 10, 100],
+            clients_per_lock: 10,
+            throughput_warmup: Duration::from_secs(8),
+            throughput_window: Duration::from_secs(20),
+            crash_pairs: 4,
+            crash_rounds: 8,
+            etcd_put: 500,
+            etcd_handoff: 100,
+            clientgo_handoff: 20,
+            clientgo_failover: 8,
+            etcd_failover: 8,
+            klm_handoff: 6,
+            klm_failover: 6,
+            scale_counts: vec![1_000, 10_000],
+            create_concurrency: 16,
+            idle_window: Duration::from_secs(30),
+            scale_timeout: Duration::from_secs(480),
+        }
+    }
+
+    fn quick() -> Plan {
+        Plan {
+            quick: true,
+            warmup: 3,
+            handoff_warmup: 2,
+            samples: 15,
+            baseline_window: Duration::from_secs(5),
+            held_locks: 3,
+            held_window: Duration::from_secs(6),
+            pod_deletions: 3,
+            throughput_locks: vec![1, 10],
+            clients_per_lock: 10,
+            throughput_warmup: Duration::from_secs(3),
+            throughput_window: Duration::from_secs(5),
+            crash_pairs: 2,
+            crash_rounds: 1,
+            etcd_put: 100,
+            etcd_handoff: 10,
+            clientgo_handoff: 2,
+            clientgo_failover: 1,
+            etcd_failover: 1,
+            klm_handoff: 1,
+            klm_failover: 1,
+            scale_counts: vec![100, 500],
+            create_concurrency: 16,
+            idle_window: Duration::from_secs(5),
+            scale_timeout: Duration::from_secs(240),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! What one run records: latency series, throughput, apiserver writes, memory, facts and
+//! notes. Serialised as `raw.json`; `report.rs` renders it as Markdown.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::stats::Summary;
+
+/// Which plot panel a series belongs to.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Panel {
+    /// Floors, acquire and grant latency: milliseconds.
+    Fast,
+    /// Voluntary handoffs.
+    Handoff,
+    /// Failovers.
+    Failover,
+}
+
+/// One latency distribution, in milliseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Series {
+    /// Stable key, e.g. `leasehold.handoff`.
+    pub key: String,
+    /// What was measured, in words.
+    pub title: String,
+    /// `Leasehold`, `floor` or the peer library with its version.
+    pub subject: String,
+    /// Plot panel.
+    pub panel: Panel,
+    /// Samples, ms.
+    pub samples_ms: Vec<f64>,
+    /// Their summary.
+    pub summary: Summary,
+    /// How they were taken.
+    pub params: Value,
+}
+
+impl Series {
+    /// A series from its samples.
+    pub fn new(key: &str, title: &str, subject: &str, panel: Panel, samples_ms: Vec<f64>, params: Value) -> Series {
+        let summary = Summary::of(&samples_ms);
+        Series { key: key.into(), title: title.into(), subject: subject.into(), panel, samples_ms, summary, params }
+    }
+}
+
+/// Aggregate lock cycles per second with some locks and clients.
+#[derive(Clone, Debug, Serialize)]
+pub struct Throughput {
+    /// Locks.
+    pub locks: usize,
+    /// Clients per lock.
+    pub clients_per_lock: usize,
+    /// Cycles (acquire returned) inside the window.
+    pub cycles: usize,
+    /// Window, seconds.
+    pub seconds: f64,
+    /// Cycles per second.
+    pub per_second: f64,
+    /// Failed acquisitions in the window.
+    pub errors: usize,
+    /// Apiserver writes per cycle in the window (background removed).
+    pub writes_per_cycle: f64,
+    /// CAS conflicts (409) per cycle.
+    pub conflicts_per_cycle: f64,
+    /// Writes by kind per cycle.
+    pub breakdown: String,
+    /// Acquire latency (request to hold, including queueing) in the window.
+    pub acquire_ms: Summary,
+}
+
+/// A count of apiserver writes.
+#[derive(Clone, Debug, Serialize)]
+pub struct WriteCount {
+    /// What it counts.
+    pub what: String,
+    /// The value.
+    pub value: f64,
+    /// Its unit, e.g. `writes/cycle`.
+    pub unit: String,
+    /// By kind.
+    pub breakdown: String,
+    /// Window and background.
+    pub params: Value,
+}
+
+/// One resident-memory reading.
+#[derive(Clone, Debug, Serialize)]
+pub struct Memory {
+    /// Which process in which state.
+    pub what: String,
+    /// VmRSS, KiB.
+    pub rss_kib: u64,
+    /// VmHWM (peak RSS so far), KiB.
+    pub peak_kib: u64,
+    /// RssAnon (heap, stacks: the process's own), KiB.
+    pub anon_kib: u64,
+    /// RssFile (mapped pages of the binary and libraries, shareable), KiB.
+    pub file_kib: u64,
+    /// Circumstances.
+    pub params: Value,
+}
+
+/// Everything one run recorded.
+#[derive(Debug, Default, Serialize)]
+pub struct Run {
+    /// Latency series.
+    pub series: Vec<Series>,
+    /// Throughput runs.
+    pub throughput: Vec<Throughput>,
+    /// Write counts.
+    pub writes: Vec<WriteCount>,
+    /// Memory readings.
+    pub memory: Vec<Memory>,
+    /// Versions, machine facts, parameters, sizes.
+    pub facts: BTreeMap<String, Value>,
+    /// Phases and their wall time, seconds.
+    pub phases: Vec<(String, f64)>,
+    /// Things worth knowing when reading the numbers (noise, failures, choices).
+    pub notes: Vec<String>,
+    /// Phases that failed.
+    pub failures: Vec<String>,
+}
+
+impl Run {
+    /// The series with `key`.
+    pub fn series(&self, key: &str) -> Option<&Series> {
+        self.series.iter().find(|s| s.key == key)
+    }
+
+    /// Adds everything `other` recorded.
+    pub fn merge(&mut self, other: Run) {
+        self.series.extend(other.series);
+        self.throughput.extend(other.throughput);
+        self.writes.extend(other.writes);
+        self.memory.extend(other.memory);
+        self.facts.extend(other.facts);
+        self.notes.extend(other.notes);
+        self.failures.extend(other.failures);
+    }
+}

@@ -1,0 +1,99 @@
+//! Aggregate lock cycles per second: `locks` locks with `clients` contending claimants
+//! each, every claimant looping acquire → release as fast as it is granted. Claimants are
+//! in-process [`leasehold::claim::Claimant`]s (the API the sidecar wraps; 1,000 sidecar
+//! processes would not fit this machine), one kube client per lock, outside any Pod.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use leasehold::claim::Claimant;
+use leasehold::lease::Identity;
+
+use crate::observe::{Writes, scrape};
+use crate::record::Throughput;
+use crate::sidecar::create_lock;
+use crate::stats::{Summary, ms_between};
+use crate::support::Env;
+
+/// One measured configuration.
+pub async fn run(
+    env: &Env,
+    admin: &kube::Client,
+    background: &Writes,
+    locks: usize,
+    clients: usize,
+    warmup: Duration,
+    window: Duration,
+) -> anyhow::Result<Throughput> {
+    let names: Vec<String> = (0..locks).map(|i| format!("tp{locks}-{i}")).collect();
+    futures::stream::iter(names.iter().map(|n| create_lock(env, n)))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<()>>>()?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // (acquire returned, acquire latency ms) per cycle; errors by instant.
+    let cycles: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
+    let errors: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    for lock in &names {
+        let client = env.cp.admin_client().await;
+        for _ in 0..clients {
+            let claimant = Claimant::new(client.clone(), env.name(), Identity::for_process(), "leasehold-bench");
+            let (lock, stop, cycles, errors) = (lock.clone(), stop.clone(), cycles.clone(), errors.clone());
+            tasks.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    match claimant.acquire(&lock, Duration::from_secs(120)).await {
+                        Ok(hold) => {
+                            let now = Instant::now();
+                            cycles.lock().expect("not poisoned").push((now, ms_between(started, now)));
+                            hold.release().await;
+                        }
+                        Err(_) => {
+                            errors.lock().expect("not poisoned").push(Instant::now());
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+            });
+        }
+    }
+    tokio::time::sleep(warmup).await;
+    let (before, start) = (scrape(admin).await?, Instant::now());
+    tokio::time::sleep(window).await;
+    let (after, end) = (scrape(admin).await?, Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    // Everyone still queued is granted in turn and leaves; give that a bounded time.
+    let drained = tokio::time::timeout(Duration::from_secs(120), async { while tasks.join_next().await.is_some() {} })
+        .await
+        .is_ok();
+    if !drained {
+        tasks.abort_all();
+    }
+
+    let inside = |t: &Instant| *t >= start && *t < end;
+    let cycles = cycles.lock().expect("not poisoned");
+    let in_window: Vec<f64> = cycles.iter().filter(|(t, _)| inside(t)).map(|(_, ms)| *ms).collect();
+    let errors = errors.lock().expect("not poisoned").iter().filter(|t| inside(t)).count();
+    let seconds = (end - start).as_secs_f64();
+    let writes = Writes::between(&before, &after, seconds);
+    let net = writes.less_background(background);
+    let n = in_window.len().max(1) as f64;
+    Ok(Throughput {
+        locks,
+        clients_per_lock: clients,
+        cycles: in_window.len(),
+        seconds,
+        per_second: in_window.len() as f64 / seconds,
+        errors,
+        writes_per_cycle: net.total() / n,
+        conflicts_per_cycle: writes.conflicts_total() / n,
+        breakdown: net.breakdown(n),
+        acquire_ms: Summary::of(&in_window),
+    })
+}
