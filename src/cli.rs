@@ -37,7 +37,7 @@ pub async fn release(args: Release) -> anyhow::Result<String> {
     let reason = args.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
     let Some(reason) = reason else { anyhow::bail!("--reason is required: say why the hold must be revoked") };
     let (namespace, name) = &args.lock;
-    let client = kube::Client::try_default().await.context("failed to build a Kubernetes client")?;
+    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
     let locks: Api<DistributedLock> = Api::namespaced(client, namespace);
     let before = locks.get_opt(name).await?.with_context(|| format!("lock {namespace}/{name} does not exist"))?;
     let previous = before.status.as_ref().and_then(|s| s.last_force_release.clone());

@@ -23,6 +23,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod crd_docs;
+pub mod kube_client;
 pub mod lease;
 pub mod metrics;
 pub mod run;

@@ -132,4 +132,50 @@ mod tests {
         use clap::CommandFactory;
         Cli::command().debug_assert();
     }
+
+    /// Every `make` target and `leasehold` subcommand the README names exists.
+    #[test]
+    fn the_readme_names_only_commands_that_exist() {
+        use clap::CommandFactory;
+        let readme = include_str!("../README.md");
+        let makefile = include_str!("../Makefile");
+        let command = Cli::command();
+        // Commands appear in code: inline spans, and lines of code blocks.
+        let mut code: Vec<&str> = readme.split('`').skip(1).step_by(2).collect();
+        let mut in_block = false;
+        for line in readme.lines() {
+            if line.starts_with("```") {
+                in_block = !in_block;
+            } else if in_block {
+                code.push(line);
+            }
+        }
+        let (mut targets, mut subcommands) = (0, 0);
+        for snippet in code {
+            let words: Vec<&str> = snippet.split_whitespace().collect();
+            for pair in words.windows(2) {
+                if pair[0] == "make" {
+                    let target = pair[1];
+                    assert!(
+                        makefile.lines().any(|l| l.starts_with(&format!("{target}:"))),
+                        "README names `make {target}`, which the Makefile lacks"
+                    );
+                    targets += 1;
+                }
+            }
+            if words.first() == Some(&"leasehold") && words.len() > 1 {
+                for sub in words[1].split('|') {
+                    assert!(
+                        command.find_subcommand(sub).is_some(),
+                        "README names `leasehold {sub}`, which does not exist"
+                    );
+                    subcommands += 1;
+                }
+            }
+        }
+        assert!(
+            targets >= 4 && subcommands >= 3,
+            "the README names too few commands to check ({targets} targets, {subcommands} subcommands)"
+        );
+    }
 }

@@ -68,7 +68,7 @@ fn exit_code(status: ExitStatus) -> i32 {
 /// Runs the command under the lock; returns the exit code for the process.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<i32> {
     let (namespace, lock) = &config.lock;
-    let client = kube::Client::try_default().await.context("failed to build a Kubernetes client")?;
+    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
     // Who we are, as the apiserver sees it: the Pod when the token is bound to one.
     let identity = Identity::discover(&client).await.context("failed to learn who we are (SelfSubjectReview)")?;
     let claimant = Claimant::new(client, namespace, identity, MANAGER_CLI);

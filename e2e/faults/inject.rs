@@ -114,9 +114,13 @@ pub async fn local(world: &Arc<World>, kind: &'static str, lock: &str) -> Option
                 p.kill();
             }
             world.workers.lock().expect("lock").remove(&target.name);
-            let world = world.clone();
-            let lock = lock.to_owned();
-            tokio::spawn(async move { world.add_worker(&lock, Clock::Real).await });
+            // Its replacement comes up alongside the recovery (see `World::ensure_workers`).
+            let (world, lock, n) = (
+                world.clone(),
+                lock.to_owned(),
+                super::world::WORKERS_PER_LOCK.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            tokio::spawn(async move { world.ensure_workers(&lock, n).await });
         }
         "network-drop" => {
             target.proxy.set(NetFault::Drop);

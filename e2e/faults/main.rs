@@ -75,6 +75,7 @@ async fn run(plan: Plan, sidecar_bin: Option<String>) -> checker::Report {
                 let kind = inject::LOCAL[n % inject::LOCAL.len()];
                 n += 1;
                 let _shared = gate.read().await;
+                world.ensure_workers(&lock, plan.per_lock).await;
                 if let Some(fault) = inject::local(&world, kind, &lock).await {
                     settle(&world, fault).await;
                 }
@@ -107,18 +108,20 @@ async fn run(plan: Plan, sidecar_bin: Option<String>) -> checker::Report {
     let report = checker::check(&entries, &faults, &world.grants(), &applied, bounds);
     eprintln!("faults: finished in {:.1}s\n{report}", started.elapsed().as_secs_f64());
     // Show what happened around every fault that recovered late.
+    let base = faults.iter().map(|f| f.start).min().unwrap_or(started);
     for f in faults.iter().filter(|f| {
-        f.locks.iter().any(|l| report.violations.iter().any(|v| v.contains(&format!("lock {l}: {}", f.kind))))
+        let tag = format!("{} (at +{} ms,", f.kind, history::ms(f.start - base));
+        f.locks.iter().any(|l| report.violations.iter().any(|v| v.contains(&format!("lock {l}: {tag}"))))
     }) {
         eprintln!(
             "fault {} at +{} ms (wall {}), recovery clock from +{} ms:",
             f.kind,
-            history::ms(f.start - started),
+            history::ms(f.start - base),
             wall(f.start),
-            history::ms(f.end - started)
+            history::ms(f.end - base)
         );
         for lock in &f.locks {
-            eprintln!("  lock {lock}:\n{}", checker::around(&entries, lock, f, started));
+            eprintln!("  lock {lock}:\n{}", checker::around(&entries, lock, f, base));
         }
     }
     report
@@ -194,4 +197,39 @@ async fn broken_sidecar_is_caught() {
     eprintln!("broken sidecar run:\n{report}");
     assert!(!report.violations.is_empty(), "the checker missed the broken sidecar:\n{report}");
     assert!(report.violations.iter().any(|v| v.contains("both believed")), "{report}");
+}
+
+/// Diagnosis helper: one kind of fault, repeatedly, on one lock (`FAULT_KIND`, default
+/// holder-pod-deleted). Not part of any suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "diagnosis only"]
+async fn repeat_one_fault() {
+    let kind: &'static str =
+        Box::leak(std::env::var("FAULT_KIND").unwrap_or_else(|_| "holder-pod-deleted".into()).into_boxed_str());
+    let world = World::start(1, 3, None, (2, Duration::ZERO)).await;
+    let lock = world.locks[0].clone();
+    for _ in 0..std::env::var("FAULT_TIMES").ok().and_then(|n| n.parse().ok()).unwrap_or(6) {
+        if inject::GLOBAL.contains(&kind) {
+            let fault = inject::global(&world, kind).await;
+            settle(&world, fault).await;
+        } else if let Some(fault) = inject::local(&world, kind, &lock).await {
+            settle(&world, fault).await;
+        }
+    }
+    world.stop_workers();
+    let applied = world.applied().await;
+    let bounds = checker::Bounds { margin: MARGIN, recovery: LEASE + Duration::from_secs(2) };
+    let entries = world.history.entries();
+    let faults = world.history.faults();
+    let report = checker::check(&entries, &faults, &world.grants(), &applied, bounds);
+    eprintln!("{report}");
+    let base = faults.iter().map(|f| f.start).min().expect("faults");
+    for f in &faults {
+        eprintln!(
+            "fault at +{} ms (wall {}):\n{}",
+            history::ms(f.start - base),
+            wall(f.start),
+            checker::around(&entries, &lock, f, base)
+        );
+    }
 }

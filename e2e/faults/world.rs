@@ -30,6 +30,9 @@ pub fn timing() -> DistributedLockSpec {
     }
 }
 
+/// Workers each lock keeps (set by [`World::start`]).
+pub static WORKERS_PER_LOCK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(3);
+
 /// `lease - renewDeadline`: how long beliefs may overlap.
 pub const MARGIN: Duration = Duration::from_secs(2);
 /// A lease duration.
@@ -192,10 +195,9 @@ impl World {
             world.db.execute("INSERT INTO fenced (id) VALUES ($1)", &[lock]).await.expect("row");
             world.db.execute("INSERT INTO unfenced (id) VALUES ($1)", &[lock]).await.expect("row");
         }
+        WORKERS_PER_LOCK.store(per_lock, std::sync::atomic::Ordering::Relaxed);
         for lock in world.locks.clone() {
-            for _ in 0..per_lock {
-                world.add_worker(&lock, Clock::Real).await;
-            }
+            world.ensure_workers(&lock, per_lock).await;
         }
         world
     }
@@ -269,6 +271,23 @@ impl World {
         worker
     }
 
+    /// Tops `lock` up to `n` workers. Creating one can fail while the apiserver or etcd
+    /// recovers from a fault (the harness helpers panic on errors): retry until it works.
+    pub async fn ensure_workers(self: &Arc<World>, lock: &str, n: usize) {
+        for _ in 0..20 {
+            let count = self.workers.lock().expect("lock").values().filter(|w| w.lock == lock).count();
+            if count >= n {
+                return;
+            }
+            let (world, name) = (self.clone(), lock.to_owned());
+            if tokio::spawn(async move { world.add_worker(&name, Clock::Real).await }).await.is_err() {
+                eprintln!("faults: adding a worker on {lock} failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        panic!("could not keep {n} workers on {lock}");
+    }
+
     /// Starts (or restarts) `worker`'s sidecar, and waits until it is healthy.
     pub async fn start_sidecar(&self, worker: &Worker, clock: Clock) {
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -279,7 +298,8 @@ impl World {
             .env("POD_NAMESPACE", self.env.name())
             .env("POD_NAME", &worker.pod.name)
             .env("POD_UID", &worker.pod.uid)
-            .env("RUST_LOG", "info,kube=warn");
+            // LEASEHOLD_E2E_SIDECAR_LOG overrides the sidecars' filter, for diagnosis.
+            .env("RUST_LOG", std::env::var("LEASEHOLD_E2E_SIDECAR_LOG").unwrap_or_else(|_| "info,kube=warn".into()));
         if let Clock::Shifted(seconds) = clock {
             let lib = [
                 "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -388,7 +408,9 @@ impl World {
             .map(|(lock, log)| (lock.clone(), log.grants().into_iter().map(|g| (g.holder, g.token)).collect()))
             .collect();
         let identities = self.all_workers.lock().expect("lock").iter().map(|(n, i)| (n.clone(), i.clone())).collect();
-        super::checker::Grants { by_lock, identities }
+        let relists =
+            self.grant_logs.lock().expect("lock").iter().map(|(lock, log)| (lock.clone(), log.relists())).collect();
+        super::checker::Grants { by_lock, identities, relists }
     }
 
     /// Stops every worker.

@@ -75,6 +75,16 @@ pub enum AcquireError {
         #[source]
         source: kube::Error,
     },
+    /// Reading the DistributedLock got no answer in time.
+    #[error("failed to read lock {namespace}/{lock}: no answer within {after:?}")]
+    ReadTimeout {
+        /// Namespace.
+        namespace: String,
+        /// Lock name.
+        lock: String,
+        /// The limit.
+        after: Duration,
+    },
     /// A Lease operation failed.
     #[error(transparent)]
     Lease(#[from] CasError),
@@ -87,7 +97,7 @@ impl AcquireError {
             AcquireError::UnknownLock { .. } => "unknown_lock",
             AcquireError::Timeout { .. } => "timeout",
             AcquireError::Forbidden { .. } => "forbidden",
-            AcquireError::ReadLock { .. } => "api",
+            AcquireError::ReadLock { .. } | AcquireError::ReadTimeout { .. } => "api",
             AcquireError::Lease(e) => e.category(),
         }
     }
@@ -137,7 +147,11 @@ impl Claimant {
     /// Reads a lock's timing; fails with [`AcquireError::UnknownLock`] if it does not exist.
     pub async fn timing(&self, lock: &str) -> Result<Timing, AcquireError> {
         let (namespace, name) = (self.namespace().to_owned(), lock.to_owned());
-        match self.locks.get_opt(lock).await {
+        let read = tokio::time::timeout(crate::lease::cas::REQUEST_TIMEOUT, self.locks.get_opt(lock)).await;
+        let Ok(read) = read else {
+            return Err(AcquireError::ReadTimeout { namespace, lock: name, after: crate::lease::cas::REQUEST_TIMEOUT });
+        };
+        match read {
             Ok(Some(dl)) => Ok(Timing::of(&dl.spec)),
             Ok(None) => Err(AcquireError::UnknownLock { namespace, lock: name }),
             Err(e) if status_code(&e) == Some(403) => {
@@ -151,15 +165,50 @@ impl Claimant {
     /// returned future withdraws the claim.
     pub async fn acquire(&self, lock: &str, wait: Duration) -> Result<Hold, AcquireError> {
         let started = Instant::now();
-        let timing = self.timing(lock).await?;
         let mut guard = Withdraw { claimant: self.clone(), lock: lock.to_owned(), armed: true };
-        // Watch before claiming, so the grant cannot slip between claim and watch.
-        let mut states = lease_states(self.store.api().clone(), lock).boxed();
-        self.ensure_claim(lock, &timing).await?;
-        let refresh = claim_refresh(&timing);
-        let mut next_refresh = tokio::time::Instant::now() + refresh;
+        // Read the lock, claim, and start watching the lock Lease at once: three round
+        // trips in the time of one. The watch's first list comes after the claim is sent,
+        // or shows no grant of ours yet; either way no grant can slip by.
         let deadline = tokio::time::Instant::from_std(started + wait);
+        let mut states = lease_states(self.store.api().clone(), lock).boxed();
+        let mut early = Vec::new();
+        let (timing, claimed) = {
+            let setup = async { tokio::join!(self.timing(lock), self.ensure_claim(lock, None)) };
+            tokio::pin!(setup);
+            loop {
+                tokio::select! {
+                    done = &mut setup => break done,
+                    Some(state) = states.next() => early.push(state),
+                    _ = tokio::time::sleep_until(deadline) => {
+                        guard.armed = false;
+                        self.withdraw(lock).await;
+                        return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
+                    }
+                }
+            }
+        };
+        let timing = match timing {
+            Ok(t) => t,
+            Err(e) => {
+                guard.armed = false;
+                if claimed.is_ok() {
+                    self.withdraw(lock).await;
+                }
+                return Err(e);
+            }
+        };
+        claimed?;
+        // Besides the watch, the lock Lease is read at every claim refresh: a watch whose
+        // connection died without a word (a restarted apiserver behind a proxy, a dropped
+        // network path) would otherwise hide our grant until its server-side timeout.
+        let (polled, polls) = futures::channel::mpsc::unbounded::<Option<k8s_openapi::api::coordination::v1::Lease>>();
+        let mut states = futures::stream::select(futures::stream::iter(early).chain(states), polls).boxed();
+        let refresh = claim_refresh(&timing);
+        // The first claim was made before the timing was known: refresh it (with its real
+        // lifetime) before its provisional one can run out.
+        let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
         let floor = self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or(0);
+        let mut missed_grant = false;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {
@@ -168,12 +217,23 @@ impl Claimant {
                     return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
-                    self.ensure_claim(lock, &timing).await?;
+                    self.ensure_claim(lock, Some(&timing)).await?;
                     next_refresh = tokio::time::Instant::now() + refresh;
+                    if let Ok(Some(lease)) = self.store.get(lock).await {
+                        let _ = polled.unbounded_send(Some(lease));
+                    }
                 }
                 state = states.next() => {
                     let Some(Some(lease)) = state else { continue };
-                    let Some(token) = edit::granted_token(&lease, &self.identity) else { continue };
+                    let Some(token) = edit::granted_token(&lease, &self.identity) else {
+                        // A grant we could not confirm was taken back, and our claim with it:
+                        // claim again now rather than at the next refresh.
+                        if std::mem::take(&mut missed_grant) {
+                            self.ensure_claim(lock, Some(&timing)).await?;
+                            next_refresh = tokio::time::Instant::now() + refresh;
+                        }
+                        continue;
+                    };
                     // A hold naming us that is already confirmed, or not newer than any we
                     // were handed, is a leftover (of a lost hold, or of an earlier process
                     // with our identity). Never report it held: give it back so the
@@ -197,6 +257,7 @@ impl Claimant {
                         // re-created): that grant is not ours; keep waiting.
                         Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => {
                             debug!(lock, token, "grant changed before confirmation");
+                            missed_grant = true;
                         }
                         Err(CasError::Forbidden { message, .. }) => {
                             return Err(AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message });
@@ -208,25 +269,31 @@ impl Claimant {
         }
     }
 
-    /// Creates our claim on `lock`, or refreshes it if it exists.
-    async fn ensure_claim(&self, lock: &str, timing: &Timing) -> Result<(), AcquireError> {
-        let ttl = i32::try_from(claim_ttl(timing).as_secs()).unwrap_or(i32::MAX);
+    /// Creates our claim on `lock`, or refreshes it if it exists. Without the lock's
+    /// timing yet (the first claim), the claim lives [`DEFAULT_CLAIM_TTL`] until refreshed.
+    async fn ensure_claim(&self, lock: &str, timing: Option<&Timing>) -> Result<(), AcquireError> {
+        let ttl = timing.map_or(DEFAULT_CLAIM_TTL, claim_ttl);
+        let ttl = i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
         let forbidden =
             |message| AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message };
-        match self.store.get(&name).await? {
-            None => match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
-                Ok(_) | Err(CasError::AlreadyExists { .. }) => Ok(()),
-                Err(CasError::Forbidden { message, .. }) => Err(forbidden(message)),
-                Err(e) => Err(e.into()),
-            },
-            Some(existing) => match self.store.replace(&edit::renewed(&existing, Timestamp::now())).await {
-                // Someone else wrote it meanwhile (the controller deleting a stale claim):
-                // the next refresh sees the outcome.
-                Ok(_) | Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => Ok(()),
-                Err(CasError::Forbidden { message, .. }) => Err(forbidden(message)),
-                Err(e) => Err(e.into()),
-            },
+        // Create first: the common case is a new claim, one round trip.
+        match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
+            Ok(_) => return Ok(()),
+            Err(CasError::AlreadyExists { .. }) => {}
+            Err(CasError::Forbidden { message, .. }) => return Err(forbidden(message)),
+            Err(e) => return Err(e.into()),
+        }
+        let Some(mut existing) = self.store.get(&name).await? else { return Ok(()) };
+        if let Some(spec) = existing.spec.as_mut() {
+            spec.lease_duration_seconds = Some(ttl);
+        }
+        match self.store.replace(&edit::renewed(&existing, Timestamp::now())).await {
+            // Someone else wrote it meanwhile (the controller deleting a stale claim): the
+            // next refresh sees the outcome.
+            Ok(_) | Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => Ok(()),
+            Err(CasError::Forbidden { message, .. }) => Err(forbidden(message)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -244,6 +311,9 @@ impl Claimant {
         }
     }
 }
+
+/// The lifetime of a first claim, made before the lock's timing is read.
+const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(45);
 
 /// How long a waiting claim lives without refresh; the controller drops older ones.
 pub fn claim_ttl(timing: &Timing) -> Duration {

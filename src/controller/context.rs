@@ -74,6 +74,8 @@ pub struct Context {
     pub tokens: Mutex<HashMap<LockKey, i64>>,
     /// Which locks each holder Pod holds, so a Pod event finds its locks.
     pub holders: Arc<Mutex<HolderIndex>>,
+    /// When each lock last had a routine Event (Granted, Released) recorded.
+    pub routine_events: Mutex<HashMap<(String, String, String), std::time::Instant>>,
     /// ServiceAccount of each claimant Pod seen (by Pod UID; immutable for a Pod).
     pub pod_accounts: Mutex<HashMap<String, String>>,
     /// Namespaces whose claimant RBAC is in place, with the subjects bound.

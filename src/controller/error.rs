@@ -41,6 +41,16 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A reconcile took too long (an apiserver request hung).
+    #[error("reconcile of distributedlock {namespace}/{name} timed out after {after:?}")]
+    Timeout {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The limit.
+        after: std::time::Duration,
+    },
     /// Preparing a namespace's RBAC for claimants failed.
     #[error("failed to apply {kind} {namespace}/{name}: {source}")]
     Rbac {
@@ -65,6 +75,7 @@ impl Error {
             Error::Annotation { .. } => "annotation".into(),
             Error::Pod { .. } => "pod".into(),
             Error::Rbac { .. } => "rbac".into(),
+            Error::Timeout { .. } => "timeout".into(),
         }
     }
 }

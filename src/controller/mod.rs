@@ -104,7 +104,7 @@ where
 
 /// Runs the controller until `shutdown`: election, watches, reconciler, admin server.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let client = Client::try_default().await.context("failed to build a Kubernetes client")?;
+    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
     let identity = config.identity.clone().unwrap_or_else(|| crate::lease::Identity::for_process().id);
     let mut registry = Registry::default();
     let metrics = ControllerMetrics::register(&mut registry);
@@ -171,6 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         holders: Arc::default(),
         rbac: Mutex::default(),
         pod_accounts: Mutex::default(),
+        routine_events: Mutex::default(),
     });
 
     {
@@ -208,7 +209,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .reconcile_all_on(new_terms)
             .graceful_shutdown_on(stop.cancelled_owned())
             .run(reconcile::reconcile, reconcile::error_policy, ctx)
-            .for_each(|_| futures::future::ready(()))
+            .for_each(|result| {
+                // Reconcile errors are logged by the error policy; the rest is the queue's.
+                match result {
+                    Err(kube::runtime::controller::Error::ReconcilerFailed(..)) | Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "controller queue"),
+                }
+                futures::future::ready(())
+            })
             .await;
         Ok(Completion::Stopped)
     });
@@ -245,32 +253,62 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     crate::supervise::supervise(tasks, shutdown).await
 }
 
-/// Which watch caches have completed their first list.
+/// Which watch caches have completed their first list, and which have been failing.
 #[derive(Clone, Default)]
-struct Synced(Arc<[AtomicBool; 3]>);
+struct Synced(Arc<Mutex<[CacheHealth; 3]>>);
+
+/// The health of one watch cache.
+#[derive(Clone, Copy, Default)]
+struct CacheHealth {
+    synced: bool,
+    /// Since when every watch attempt has failed (cleared by any event).
+    failing_since: Option<std::time::Instant>,
+}
+
+/// A cache failing for this long makes the replica unready: its view of locks is stale.
+const WATCH_FAILURE_GRACE: Duration = Duration::from_secs(30);
 
 impl Synced {
     const NAMES: [&'static str; 3] = ["distributedlocks", "leases", "pods"];
 
-    /// An `inspect` callback that marks cache `name` synced at its first `InitDone`.
+    /// An `inspect` callback tracking cache `name`: synced at its first `InitDone`,
+    /// failing while watch attempts fail.
     fn marker<K>(&self, name: &'static str) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + use<K> {
         let index = Self::NAMES.iter().position(|n| *n == name).expect("a known cache");
-        let flags = self.0.clone();
+        let health = self.0.clone();
         move |event| {
-            if matches!(event, Ok(watcher::Event::InitDone)) && !flags[index].swap(true, Ordering::AcqRel) {
-                info!(cache = name, "watch cache synced");
+            let mut health = health.lock().expect("cache health is never poisoned");
+            let cache = &mut health[index];
+            match event {
+                Ok(e) => {
+                    cache.failing_since = None;
+                    if matches!(e, watcher::Event::InitDone) && !cache.synced {
+                        cache.synced = true;
+                        info!(cache = name, "watch cache synced");
+                    }
+                }
+                Err(error) => {
+                    if cache.failing_since.is_none() {
+                        tracing::warn!(cache = name, %error, "watch failing");
+                        cache.failing_since = Some(std::time::Instant::now());
+                    }
+                }
             }
         }
     }
 
-    /// `Ok` once every cache has synced; else names those that have not.
+    /// `Ok` once every cache has synced and none has been failing for long; else names
+    /// those that are not well.
     fn check(&self) -> Result<(), String> {
-        let pending: Vec<&str> = Self::NAMES
-            .iter()
-            .zip(self.0.iter())
-            .filter(|(_, f)| !f.load(Ordering::Acquire))
-            .map(|(n, _)| *n)
-            .collect();
-        if pending.is_empty() { Ok(()) } else { Err(format!("watch caches not synced: {}", pending.join(", "))) }
+        let health = *self.0.lock().expect("cache health is never poisoned");
+        let mut problems = Vec::new();
+        for (name, cache) in Self::NAMES.iter().zip(health) {
+            if !cache.synced {
+                problems.push(format!("{name}: not synced"));
+            } else if let Some(since) = cache.failing_since.filter(|s| s.elapsed() > WATCH_FAILURE_GRACE) {
+                problems.push(format!("{name}: watch failing for {}s", since.elapsed().as_secs()));
+            }
+        }
+        if problems.is_empty() { Ok(()) } else { Err(format!("watch caches not well: {}", problems.join("; "))) }
     }
 }

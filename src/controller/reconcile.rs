@@ -33,6 +33,11 @@ use crate::metrics::{ReasonLabel, RevokeReason};
 /// The reasons of the Events the controller emits (documented in docs/metrics.md).
 pub const EVENT_REASONS: [&str; 5] = ["Granted", "Released", "Expired", "ForceReleased", "LeaseConflict"];
 
+/// Events recorded at most once per [`ROUTINE_EVENT_INTERVAL`] per lock.
+pub const ROUTINE_EVENTS: [&str; 2] = ["Granted", "Released"];
+/// See [`ROUTINE_EVENTS`].
+pub const ROUTINE_EVENT_INTERVAL: Duration = Duration::from_secs(60);
+
 /// How often a lock whose Lease is foreign is looked at again (a foreign Lease carries no
 /// labels of ours, so its deletion reaches us through no watch).
 const CONFLICT_RECHECK: Duration = Duration::from_secs(10);
@@ -43,10 +48,22 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         return Ok(Action::await_change());
     }
     let started = Instant::now();
-    let result = reconcile_lock(&lock, &ctx).await;
+    // A reconcile stuck on one request (a connection the apiserver dropped while
+    // restarting, say) would stall this lock — every later trigger waits behind it.
+    let result = match tokio::time::timeout(RECONCILE_TIMEOUT, reconcile_lock(&lock, &ctx)).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout {
+            namespace: lock.namespace().unwrap_or_default(),
+            name: lock.name_any(),
+            after: RECONCILE_TIMEOUT,
+        }),
+    };
     ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
     result
 }
+
+/// The longest one reconcile may take.
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What to do after a failed reconcile: count it and look again soon.
 pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -510,6 +527,17 @@ async fn client_allowed(ctx: &Context, namespace: &str, clients: &[String], clai
 
 /// Emits an Event on the lock (related to the Pod, if any) without delaying the reconcile.
 fn publish(ctx: &Context, lock: &DistributedLock, type_: EventType, reason: &str, note: String, pod: Option<&PodRef>) {
+    // Routine events of a busy lock would cost two apiserver writes per handoff: record at
+    // most one Granted and one Released per lock per interval (the latest is in status).
+    if ROUTINE_EVENTS.contains(&reason) {
+        let key = (lock.namespace().unwrap_or_default(), lock.name_any(), reason.to_owned());
+        let mut last = ctx.routine_events.lock().expect("event memory is never poisoned");
+        let now = Instant::now();
+        if last.get(&key).is_some_and(|at| now.duration_since(*at) < ROUTINE_EVENT_INTERVAL) {
+            return;
+        }
+        last.insert(key, now);
+    }
     let recorder = ctx.recorder.clone();
     let reference = lock.object_ref(&());
     let secondary = pod.map(|p| k8s_openapi::api::core::v1::ObjectReference {

@@ -113,7 +113,12 @@ pub fn claim(lease: &Lease, lock: &str) -> Option<Claim> {
         resource_version: lease.resource_version()?,
         identity: Identity::parse(edit::holder(lease)?),
         created,
-        requested: spec.acquire_time.as_ref().map_or(created, |t| t.0),
+        // The claimant's own clock orders claims within the apiserver's second; a clock
+        // that is far off must not buy (or cost) more than that second.
+        requested: spec.acquire_time.as_ref().map_or(created, |t| {
+            let latest = created.checked_add(jiff::SignedDuration::from_millis(999)).unwrap_or(created);
+            t.0.clamp(created, latest)
+        }),
         renew_time: spec.renew_time.clone(),
         ttl: Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(30).max(1)).unwrap_or(30)),
     })

@@ -46,7 +46,19 @@ pub enum CasError {
         /// The apiserver's message.
         message: String,
     },
-    /// Any other failure (network, timeout, server error).
+    /// The request did not complete in time (a connection that died silently).
+    #[error("failed to {verb} lease {namespace}/{name}: no answer within {after:?}")]
+    Timeout {
+        /// What was attempted.
+        verb: &'static str,
+        /// Namespace of the Lease.
+        namespace: String,
+        /// Name of the Lease.
+        name: String,
+        /// The limit.
+        after: std::time::Duration,
+    },
+    /// Any other failure (network, server error).
     #[error("failed to {verb} lease {namespace}/{name}: {source}")]
     Api {
         /// What was attempted.
@@ -69,6 +81,7 @@ impl CasError {
             CasError::NotFound { .. } => "not_found",
             CasError::AlreadyExists { .. } => "already_exists",
             CasError::Forbidden { .. } => "forbidden",
+            CasError::Timeout { .. } => "timeout",
             CasError::Api { .. } => "api",
         }
     }
@@ -81,6 +94,12 @@ pub fn status_code(error: &kube::Error) -> Option<u16> {
         _ => None,
     }
 }
+
+/// How long one Lease request may take. A Lease request answers in milliseconds; one
+/// that does not answer in seconds went to a connection that died without telling (an
+/// apiserver restarted, a network path dropped), and must not stall a renewal, a grant or
+/// an acquisition behind it.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Leases of one namespace, with every write a compare-and-swap.
 #[derive(Clone)]
@@ -119,26 +138,44 @@ impl LeaseStore {
         }
     }
 
+    /// Runs one request with [`REQUEST_TIMEOUT`].
+    async fn bounded<T>(
+        &self,
+        verb: &'static str,
+        name: &str,
+        request: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, CasError> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+            Ok(result) => result.map_err(|e| self.error(verb, name, e)),
+            Err(_) => Err(CasError::Timeout {
+                verb,
+                namespace: self.namespace.clone(),
+                name: name.to_owned(),
+                after: REQUEST_TIMEOUT,
+            }),
+        }
+    }
+
     fn post_params(&self) -> PostParams {
         PostParams { dry_run: false, field_manager: Some(self.manager.to_owned()) }
     }
 
     /// Reads a Lease; `None` when it does not exist.
     pub async fn get(&self, name: &str) -> Result<Option<Lease>, CasError> {
-        self.api.get_opt(name).await.map_err(|e| self.error("get", name, e))
+        self.bounded("get", name, self.api.get_opt(name)).await
     }
 
     /// Creates a Lease.
     pub async fn create(&self, lease: &Lease) -> Result<Lease, CasError> {
         let name = lease.metadata.name.clone().unwrap_or_default();
-        self.api.create(&self.post_params(), lease).await.map_err(|e| self.error("create", &name, e))
+        self.bounded("create", &name, self.api.create(&self.post_params(), lease)).await
     }
 
     /// Replaces a Lease if its `resourceVersion` is still the one in `lease.metadata`.
     pub async fn replace(&self, lease: &Lease) -> Result<Lease, CasError> {
         let name = lease.metadata.name.clone().unwrap_or_default();
         debug_assert!(lease.metadata.resource_version.is_some(), "a CAS write needs a resourceVersion");
-        self.api.replace(&name, &self.post_params(), lease).await.map_err(|e| self.error("update", &name, e))
+        self.bounded("update", &name, self.api.replace(&name, &self.post_params(), lease)).await
     }
 
     /// Deletes a Lease if it is still at `resource_version` (any version when `None`).
@@ -148,10 +185,9 @@ impl LeaseStore {
             preconditions: Some(Preconditions { resource_version: resource_version.map(str::to_owned), uid: None }),
             ..DeleteParams::default()
         };
-        match self.api.delete(name, &params).await {
-            Ok(_) => Ok(()),
-            Err(e) if status_code(&e) == Some(404) => Ok(()),
-            Err(e) => Err(self.error("delete", name, e)),
+        match self.bounded("delete", name, self.api.delete(name, &params)).await {
+            Ok(_) | Err(CasError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 }

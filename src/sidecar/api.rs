@@ -55,7 +55,9 @@ impl From<&AcquireError> for ApiError {
             AcquireError::UnknownLock { .. } => StatusCode::NOT_FOUND,
             AcquireError::Timeout { .. } => StatusCode::CONFLICT,
             AcquireError::Forbidden { .. } => StatusCode::FORBIDDEN,
-            AcquireError::ReadLock { .. } | AcquireError::Lease(_) => StatusCode::BAD_GATEWAY,
+            AcquireError::ReadLock { .. } | AcquireError::ReadTimeout { .. } | AcquireError::Lease(_) => {
+                StatusCode::BAD_GATEWAY
+            }
         };
         let code = match e {
             AcquireError::UnknownLock { .. } => "unknown_lock",

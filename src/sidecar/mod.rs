@@ -79,7 +79,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     if let Some(lock) = &config.hold {
         api::validate_lock_name(lock).map_err(|_| anyhow::anyhow!("--hold {lock:?} is not a valid lock name"))?;
     }
-    let client = kube::Client::try_default().await.context("failed to build a Kubernetes client")?;
+    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
     let identity = config.identity(&client).await?;
     info!(namespace = %config.namespace, %identity, "sidecar starting");
     let mut registry = Registry::default();
@@ -96,7 +96,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let router = api::router(api::Api { slots: slots.clone(), max_wait: config.max_wait });
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await?;
+        crate::admin::serve(listener, router, stop).await?;
         Ok(Completion::Stopped)
     });
 

@@ -170,6 +170,8 @@ pub async fn serve(
             accepted = listener.accept() => accepted?,
         };
         let (acceptor, router) = (acceptor.clone(), router.clone());
+        // Small responses, written in pieces: no Nagle delay.
+        let _ = tcp.set_nodelay(true);
         tokio::spawn(async move {
             let tls = match acceptor.accept(tcp).await {
                 Ok(tls) => tls,

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::wait::await_condition;
-use leasehold::claim::lease_states;
 use leasehold::controller::view;
 
 /// Waits until object `name` satisfies `condition`, or panics after `timeout` naming `what`.
@@ -51,9 +51,12 @@ pub struct SeenGrant {
     pub seen: Instant,
 }
 
-/// Records every distinct grant of a lock Lease, from a watch, in the order seen.
+/// Records every distinct grant of a lock Lease, from a watch, in the order seen, and when
+/// the watch had to re-list (a re-list shows only the latest state: grants made while the
+/// watch was down can be missing).
 pub struct GrantLog {
     grants: Arc<Mutex<Vec<SeenGrant>>>,
+    relists: Arc<Mutex<Vec<Instant>>>,
     changed: tokio::sync::watch::Receiver<usize>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -62,12 +65,25 @@ impl GrantLog {
     /// Starts recording grants of Lease `name`.
     pub fn start(api: Api<Lease>, name: &str) -> GrantLog {
         let grants: Arc<Mutex<Vec<SeenGrant>>> = Arc::default();
+        let relists: Arc<Mutex<Vec<Instant>>> = Arc::default();
         let (tx, changed) = tokio::sync::watch::channel(0);
-        let recorded = grants.clone();
-        let mut states = lease_states(api, name).boxed();
+        let (recorded, relisted) = (grants.clone(), relists.clone());
+        let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = kube::runtime::watcher(api, config).backoff(leasehold::lease::watch_backoff()).boxed();
         let task = tokio::spawn(async move {
-            while let Some(state) = states.next().await {
-                let Some(hold) = state.as_ref().and_then(view::lease_hold) else { continue };
+            let mut first_list = true;
+            while let Some(event) = events.next().await {
+                let lease = match event {
+                    Ok(kube::runtime::watcher::Event::Apply(l) | kube::runtime::watcher::Event::InitApply(l)) => l,
+                    Ok(kube::runtime::watcher::Event::Init) => {
+                        if !std::mem::take(&mut first_list) {
+                            relisted.lock().expect("not poisoned").push(Instant::now());
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                };
+                let Some(hold) = view::lease_hold(&lease) else { continue };
                 let (Some(token), Some(acquire_time)) = (hold.token, hold.acquire_time) else { continue };
                 let mut grants = recorded.lock().expect("not poisoned");
                 if grants.last().is_none_or(|g| g.token != token || g.holder != hold.identity.id) {
@@ -81,7 +97,12 @@ impl GrantLog {
                 }
             }
         });
-        GrantLog { grants, changed, task }
+        GrantLog { grants, relists, changed, task }
+    }
+
+    /// When the watch re-listed.
+    pub fn relists(&self) -> Vec<Instant> {
+        self.relists.lock().expect("not poisoned").clone()
     }
 
     /// The grants so far.
