@@ -199,8 +199,8 @@ async fn broken_sidecar_is_caught() {
     assert!(report.violations.iter().any(|v| v.contains("both believed")), "{report}");
 }
 
-/// Diagnosis helper: one kind of fault, repeatedly, on one lock (`FAULT_KIND`, default
-/// holder-pod-deleted). Not part of any suite.
+/// Diagnosis helper: one kind of fault (`FAULT_KIND`), `FAULT_TIMES` times, on one lock;
+/// prints what happened around each. Not part of any suite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "diagnosis only"]
 async fn repeat_one_fault() {

@@ -2,7 +2,8 @@
 //!
 //! Every replica keeps its watch caches warm (DistributedLocks, lock and claim Leases,
 //! Pod metadata) and serves the admission webhooks; only the elected leader reconciles.
-//! A new term forgets everything judged on the old one's clock and reconciles every lock.
+//! A new term (the election Lease taken over) forgets everything judged on the old one's
+//! clock; every (re)gained leadership, new term or resumed, reconciles every lock.
 //!
 //! Pipeline of one reconcile ([`reconcile`]): read caches → judge ages on our monotonic
 //! clock → [`decide`] (pure) → write the lock Lease by compare-and-swap ([`build`]) →
@@ -190,9 +191,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
 
     let holders = ctx.holders.clone();
-    let new_terms = futures::stream::unfold(leadership.terms(), |mut terms| async move {
-        terms.changed().await.ok()?;
-        Some(((), terms))
+    let regained = futures::stream::unfold(leadership.regains(), |mut regains| async move {
+        regains.changed().await.ok()?;
+        Some(((), regains))
     });
     let stop = shutdown.clone();
     tasks.spawn(async move {
@@ -206,7 +207,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 let locks = holders.lock().expect("holder index is never poisoned").locks_of(&ns, &pod.name_any());
                 locks.into_iter().map(move |l| ObjectRef::new(&l).within(&ns))
             })
-            .reconcile_all_on(new_terms)
+            .reconcile_all_on(regained)
             .graceful_shutdown_on(stop.cancelled_owned())
             .run(reconcile::reconcile, reconcile::error_policy, ctx)
             .for_each(|result| {

@@ -151,6 +151,23 @@ mod tests {
     }
 
     #[test]
+    fn a_claimants_clock_only_orders_within_the_apiservers_second() {
+        let claim_at = |requested: &str| {
+            let lease: Lease = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "orders.x", "uid": "u", "resourceVersion": "1", "creationTimestamp": "2026-11-30T10:00:05Z",
+                             "labels": {LABEL_ROLE: ROLE_CLAIM, LABEL_LOCK: "orders"}},
+                "spec": {"holderIdentity": "w", "acquireTime": requested},
+            }))
+            .expect("a lease");
+            claim(&lease, "orders").expect("a claim").requested.to_string()
+        };
+        assert_eq!(claim_at("2026-11-30T10:00:05.250000Z"), "2026-11-30T10:00:05.25Z");
+        // An hour behind or ahead buys no place beyond its second.
+        assert_eq!(claim_at("2026-11-30T09:00:05.250000Z"), "2026-11-30T10:00:05Z");
+        assert_eq!(claim_at("2026-11-30T11:00:05.250000Z"), "2026-11-30T10:00:05.999Z");
+    }
+
+    #[test]
     fn ownership_table() {
         assert_eq!(ownership(&owned_lease("DistributedLock", "orders", "u1", true), "orders", "u1"), Ownership::Ours);
         assert_eq!(

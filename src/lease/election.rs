@@ -66,13 +66,14 @@ pub fn decide(
 }
 
 /// The sending halves of a [`Leadership`].
-type Senders = (watch::Sender<Option<Instant>>, watch::Sender<u64>);
+type Senders = (watch::Sender<Option<Instant>>, watch::Sender<u64>, watch::Sender<u64>);
 
 /// A handle on the elector's view of leadership.
 #[derive(Clone)]
 pub struct Leadership {
     rx: watch::Receiver<Option<Instant>>,
     terms: watch::Receiver<u64>,
+    regains: watch::Receiver<u64>,
     /// For [`Leadership::always`]: the senders nobody else owns, kept alive.
     _fixed: Option<Arc<Senders>>,
 }
@@ -89,16 +90,18 @@ impl Leadership {
         *self.terms.borrow()
     }
 
-    /// A receiver that changes whenever a new term starts.
-    pub fn terms(&self) -> watch::Receiver<u64> {
-        self.terms.clone()
+    /// A receiver that changes whenever this replica starts leading again (a new term, or
+    /// the same term resumed after a lapse): everything must be looked at again.
+    pub fn regains(&self) -> watch::Receiver<u64> {
+        self.regains.clone()
     }
 
     /// Leadership that is always held (for a single replica run without election).
     pub fn always() -> Leadership {
         let (tx, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)));
         let (terms_tx, terms) = watch::channel(1);
-        Leadership { rx, terms, _fixed: Some(Arc::new((tx, terms_tx))) }
+        let (regains_tx, regains) = watch::channel(1);
+        Leadership { rx, terms, regains, _fixed: Some(Arc::new((tx, terms_tx, regains_tx))) }
     }
 
     /// Waits until we lead.
@@ -137,6 +140,7 @@ pub struct Elector {
     timing: Timing,
     tx: watch::Sender<Option<Instant>>,
     terms: watch::Sender<u64>,
+    regains: watch::Sender<u64>,
 }
 
 impl Elector {
@@ -144,9 +148,17 @@ impl Elector {
     pub fn new(store: LeaseStore, name: &str, identity: &str, timing: Timing) -> (Elector, Leadership) {
         let (tx, rx) = watch::channel(None);
         let (terms_tx, terms) = watch::channel(0);
-        let elector =
-            Elector { store, name: name.to_owned(), identity: identity.to_owned(), timing, tx, terms: terms_tx };
-        (elector, Leadership { rx, terms, _fixed: None })
+        let (regains_tx, regains) = watch::channel(0);
+        let elector = Elector {
+            store,
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            timing,
+            tx,
+            terms: terms_tx,
+            regains: regains_tx,
+        };
+        (elector, Leadership { rx, terms, regains, _fixed: None })
     }
 
     fn desired(&self, base: Option<&Lease>, acquiring: bool) -> Lease {
@@ -170,22 +182,29 @@ impl Elector {
     async fn round(&self, seen: &mut Option<Sighting<RenewalKey>>) -> Result<Duration, CasError> {
         let lease = self.store.get(&self.name).await?;
         let sent = Instant::now();
-        let result = match decide(lease.as_ref(), &self.identity, seen, sent, &self.timing) {
+        let step = decide(lease.as_ref(), &self.identity, seen, sent, &self.timing);
+        let result = match &step {
             Step::Create => self.store.create(&self.desired(None, true)).await.map(|_| true),
             Step::Acquire => self.store.replace(&self.desired(lease.as_ref(), true)).await.map(|_| true),
             Step::Renew => self.store.replace(&self.desired(lease.as_ref(), false)).await.map(|_| true),
             Step::Follow { wait, .. } => {
                 self.step_down();
-                return Ok(wait);
+                return Ok(*wait);
             }
         };
         match result {
             Ok(_) => {
-                let new_term = self.tx.borrow().is_none();
+                let regained = self.tx.borrow().is_none();
                 self.tx.send_replace(Some(sent + self.timing.renew_deadline));
-                if new_term {
-                    self.terms.send_modify(|t| *t += 1);
-                    info!(lease = %self.name, identity = %self.identity, term = *self.terms.borrow(), "became leader");
+                if regained {
+                    // Renewing our own Lease after a lapse (the apiserver was unreachable)
+                    // continues the term: nobody else led meanwhile, so what we judged on
+                    // our clock still holds. Taking the Lease over starts a new term.
+                    if step != Step::Renew {
+                        self.terms.send_modify(|t| *t += 1);
+                    }
+                    self.regains.send_modify(|r| *r += 1);
+                    info!(lease = %self.name, identity = %self.identity, term = *self.terms.borrow(), "leading");
                 }
                 Ok(self.timing.retry_period)
             }
