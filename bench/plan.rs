@@ -104,7 +104,7 @@ impl Plan {
             scale_counts: vec![1_000, 10_000],
             create_concurrency: 16,
             idle_window: Duration::from_secs(30),
-            scale_timeout: Duration::from_secs(480),
+            scale_timeout: Duration::from_secs(300),
         }
     }
 

@@ -62,6 +62,8 @@ pub struct Throughput {
     pub per_second: f64,
     /// Failed acquisitions in the window.
     pub errors: usize,
+    /// What they were: category, count, an example.
+    pub error_kinds: Vec<String>,
     /// Apiserver writes per cycle in the window (background removed).
     pub writes_per_cycle: f64,
     /// CAS conflicts (409) per cycle.

@@ -372,6 +372,16 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
         );
     }
 
+    for t in run.throughput.iter().filter(|t| !t.error_kinds.is_empty()) {
+        let _ = writeln!(
+            w,
+            "\nFailed acquisitions with {} × {}: {}",
+            t.locks,
+            t.clients_per_lock,
+            t.error_kinds.join("; ")
+        );
+    }
+
     let _ = writeln!(
         w,
         "\n## Apiserver writes (from `apiserver_request_total`, background subtracted)\n\n| what | value | by kind | window |\n|---|--:|---|---|"

@@ -94,7 +94,23 @@ pub async fn run(
                 break;
             }
             if Instant::now() > deadline {
-                bail!("{reconciled} of {count} locks have status and {leased} have a Lease after {:?}", plan.timeout);
+                // Worth knowing in itself: record which, then measure what there is.
+                let missing: Vec<String> = locks
+                    .state()
+                    .iter()
+                    .filter(|l| {
+                        l.status.is_none()
+                            || leases.get(&reflector::ObjectRef::new(&l.name_any()).within(env.name())).is_none()
+                    })
+                    .map(|l| l.name_any())
+                    .collect();
+                run.failures.push(format!(
+                    "{} of {count} locks were not reconciled (no status or no Lease) {:?} after their creation began: {}",
+                    count.saturating_sub(reconciled.min(leased)),
+                    plan.timeout,
+                    missing.join(", ")
+                ));
+                break;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

@@ -1,8 +1,10 @@
 //! Aggregate lock cycles per second: `locks` locks with `clients` contending claimants
 //! each, every claimant looping acquire → release as fast as it is granted. Claimants are
 //! in-process [`leasehold::claim::Claimant`]s (the API the sidecar wraps; 1,000 sidecar
-//! processes would not fit this machine), one kube client per lock, outside any Pod.
+//! processes would not fit this machine), outside any Pod, with one client per lock built
+//! like the product's own ([`leasehold::kube_client`]) with the admin's credentials.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,10 +40,14 @@ pub async fn run(
     let stop = Arc::new(AtomicBool::new(false));
     // (acquire returned, acquire latency ms) per cycle; errors by instant.
     let cycles: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
-    let errors: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let errors: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
+    // The client the product's components build for themselves (TCP_NODELAY), with the
+    // admin's credentials.
+    let kubeconfig = kube::config::Kubeconfig::read_from(env.cp.kubeconfig_path())?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
     for lock in &names {
-        let client = env.cp.admin_client().await;
+        let client = leasehold::kube_client::from_config(config.clone())?;
         for _ in 0..clients {
             let claimant = Claimant::new(client.clone(), env.name(), Identity::for_process(), "leasehold-bench");
             let (lock, stop, cycles, errors) = (lock.clone(), stop.clone(), cycles.clone(), errors.clone());
@@ -54,8 +60,11 @@ pub async fn run(
                             cycles.lock().expect("not poisoned").push((now, ms_between(started, now)));
                             hold.release().await;
                         }
-                        Err(_) => {
-                            errors.lock().expect("not poisoned").push(Instant::now());
+                        Err(e) => {
+                            errors
+                                .lock()
+                                .expect("not poisoned")
+                                .push((Instant::now(), format!("{}: {e}", e.category())));
                             tokio::time::sleep(Duration::from_millis(200)).await;
                         }
                     }
@@ -79,7 +88,15 @@ pub async fn run(
     let inside = |t: &Instant| *t >= start && *t < end;
     let cycles = cycles.lock().expect("not poisoned");
     let in_window: Vec<f64> = cycles.iter().filter(|(t, _)| inside(t)).map(|(_, ms)| *ms).collect();
-    let errors = errors.lock().expect("not poisoned").iter().filter(|t| inside(t)).count();
+    let errors = errors.lock().expect("not poisoned");
+    let failed: Vec<&String> = errors.iter().filter(|(t, _)| inside(t)).map(|(_, e)| e).collect();
+    // A few distinct failures, by category, to say what went wrong.
+    let mut kinds: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    for e in &failed {
+        let category = e.split(':').next().unwrap_or("").to_owned();
+        kinds.entry(category).or_insert((0, (*e).clone())).0 += 1;
+    }
+    let error_kinds = kinds.into_iter().map(|(k, (n, example))| format!("{k} ×{n}, e.g. {example}")).collect();
     let seconds = (end - start).as_secs_f64();
     let writes = Writes::between(&before, &after, seconds);
     let net = writes.less_background(background);
@@ -90,7 +107,8 @@ pub async fn run(
         cycles: in_window.len(),
         seconds,
         per_second: in_window.len() as f64 / seconds,
-        errors,
+        errors: failed.len(),
+        error_kinds,
         writes_per_cycle: net.total() / n,
         conflicts_per_cycle: writes.conflicts_total() / n,
         breakdown: net.breakdown(n),
