@@ -199,21 +199,23 @@ async fn broken_sidecar_is_caught() {
     assert!(report.violations.iter().any(|v| v.contains("both believed")), "{report}");
 }
 
-/// Diagnosis helper: one kind of fault (`FAULT_KIND`), `FAULT_TIMES` times, on one lock;
-/// prints what happened around each. Not part of any suite.
+/// Diagnosis helper: a sequence of faults (`FAULT_KIND`, comma-separated), `FAULT_TIMES`
+/// times, on one lock; prints what happened around each. Not part of any suite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "diagnosis only"]
 async fn repeat_one_fault() {
-    let kind: &'static str =
-        Box::leak(std::env::var("FAULT_KIND").unwrap_or_else(|_| "holder-pod-deleted".into()).into_boxed_str());
+    let Ok(kinds) = std::env::var("FAULT_KIND") else { return };
+    let kinds: Vec<&'static str> = kinds.split(',').map(|k| &*Box::leak(k.to_owned().into_boxed_str())).collect();
     let world = World::start(1, 3, None, (2, Duration::ZERO)).await;
     let lock = world.locks[0].clone();
     for _ in 0..std::env::var("FAULT_TIMES").ok().and_then(|n| n.parse().ok()).unwrap_or(6) {
-        if inject::GLOBAL.contains(&kind) {
-            let fault = inject::global(&world, kind).await;
-            settle(&world, fault).await;
-        } else if let Some(fault) = inject::local(&world, kind, &lock).await {
-            settle(&world, fault).await;
+        for &kind in &kinds {
+            if inject::GLOBAL.contains(&kind) {
+                let fault = inject::global(&world, kind).await;
+                settle(&world, fault).await;
+            } else if let Some(fault) = inject::local(&world, kind, &lock).await {
+                settle(&world, fault).await;
+            }
         }
     }
     world.stop_workers();

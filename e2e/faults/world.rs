@@ -209,7 +209,11 @@ impl World {
         let (cert, key) = (dir.join("webhook.crt"), dir.join("webhook.key"));
         let args = controller_args(self.env.name(), admin, (i == 0).then_some((webhook, &cert, &key)));
         let mut command = Command::new(leasehold_bin());
-        command.args(&args).env("KUBECONFIG", self.env.cp.kubeconfig_path()).env("RUST_LOG", "info,kube=warn");
+        command.args(&args).env("KUBECONFIG", self.env.cp.kubeconfig_path()).env(
+            "RUST_LOG",
+            // LEASEHOLD_E2E_CONTROLLER_LOG overrides the controllers' filter, for diagnosis.
+            std::env::var("LEASEHOLD_E2E_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+        );
         let process = LeaseholdProcess::spawn(&format!("controller-{}", admin.port()), command, admin);
         process.wait_ready().await;
         self.controllers.lock().expect("lock")[i] = Some(process);

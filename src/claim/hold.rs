@@ -79,14 +79,23 @@ pub struct Hold {
     release: mpsc::Sender<oneshot::Sender<ReleaseOutcome>>,
 }
 
+/// A grant just confirmed by our compare-and-swap.
+pub(super) struct Confirmed {
+    /// The grant's token.
+    pub token: i64,
+    /// The lock Lease as our confirmation wrote it.
+    pub lease: Lease,
+    /// When the confirmation was sent: the renew deadline counts from here.
+    pub sent: Instant,
+}
+
 impl Hold {
     pub(super) fn start(
         claimant: Claimant,
         lock: &str,
-        token: i64,
+        ticket: super::book::Ticket,
         timing: Timing,
-        lease: Lease,
-        sent: Instant,
+        Confirmed { token, lease, sent }: Confirmed,
         states: BoxStream<'static, Option<Lease>>,
     ) -> Hold {
         {
@@ -102,6 +111,7 @@ impl Hold {
         let renewer = Renewer {
             claimant,
             lock: lock.to_owned(),
+            ticket,
             token,
             timing,
             lease,
@@ -192,6 +202,8 @@ impl Hold {
 struct Renewer {
     claimant: Claimant,
     lock: String,
+    /// The acquisition that produced this hold (see [`super::book`]).
+    ticket: super::book::Ticket,
     token: i64,
     timing: Timing,
     lease: Lease,
@@ -314,7 +326,7 @@ impl Renewer {
     /// After a loss, waits for the owner to release (or drop) the Hold, then withdraws.
     async fn drain(self, mut commands: mpsc::Receiver<oneshot::Sender<ReleaseOutcome>>, was_held: bool) {
         let reply = commands.recv().await;
-        self.claimant.withdraw_claim(&self.lock).await;
+        self.claimant.withdraw_claim(&self.lock, self.ticket).await;
         self.status.send_replace(HoldStatus::Released);
         let _ = self.events.send(HoldEvent::Released { was_held });
         if let Some(reply) = reply {
@@ -325,7 +337,7 @@ impl Renewer {
     /// Releases a valid hold: claim first (so the controller cannot re-grant it to us),
     /// then the holder. Returns whether the Lease still showed our hold.
     async fn release(&mut self) -> bool {
-        self.claimant.withdraw_claim(&self.lock).await;
+        self.claimant.withdraw_claim(&self.lock, self.ticket).await;
         let was_ours = self.give_back().await;
         if matches!(*self.status.borrow(), HoldStatus::Held { .. }) {
             self.claimant.metrics.held.dec();
@@ -361,8 +373,10 @@ impl Renewer {
 }
 
 impl Claimant {
-    /// Deletes our claim on `lock` (best effort: the controller drops stale claims anyway).
-    pub(crate) async fn withdraw_claim(&self, lock: &str) {
+    /// Deletes our claim on `lock` for acquisition `ticket`, unless a newer acquisition
+    /// owns it (best effort: the controller drops stale claims anyway).
+    pub(crate) async fn withdraw_claim(&self, lock: &str, ticket: super::book::Ticket) {
+        let Some(_writing) = self.claims.withdrawal(lock, ticket).await else { return };
         if let Err(e) = self.store.delete(&self.identity.claim_name(lock), None).await {
             warn!(lock, error = %e, "failed to delete claim");
         }

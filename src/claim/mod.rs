@@ -12,6 +12,7 @@
 //! # Ok(()) }
 //! ```
 
+mod book;
 pub mod edit;
 mod hold;
 mod watch;
@@ -114,6 +115,8 @@ pub struct Claimant {
     /// only with a higher token, so a hold once lost is never reported held again even
     /// if the lock Lease still names us with it.
     pub(crate) retired: Arc<Mutex<HashMap<String, i64>>>,
+    /// Which acquisition owns the claim on each lock.
+    claims: book::ClaimBook,
 }
 
 impl Claimant {
@@ -125,6 +128,7 @@ impl Claimant {
             identity,
             metrics: ClientMetrics::unregistered(),
             retired: Arc::default(),
+            claims: book::ClaimBook::default(),
         }
     }
 
@@ -165,7 +169,8 @@ impl Claimant {
     /// returned future withdraws the claim.
     pub async fn acquire(&self, lock: &str, wait: Duration) -> Result<Hold, AcquireError> {
         let started = Instant::now();
-        let mut guard = Withdraw { claimant: self.clone(), lock: lock.to_owned(), armed: true };
+        let ticket = self.claims.ticket(lock);
+        let mut guard = Withdraw { claimant: self.clone(), lock: lock.to_owned(), ticket, armed: true };
         // Read the lock, claim, and start watching the lock Lease at once: three round
         // trips in the time of one. The watch's first list comes after the claim is sent,
         // or shows no grant of ours yet; either way no grant can slip by.
@@ -173,7 +178,7 @@ impl Claimant {
         let mut states = lease_states(self.store.api().clone(), lock).boxed();
         let mut early = Vec::new();
         let (timing, claimed) = {
-            let setup = async { tokio::join!(self.timing(lock), self.ensure_claim(lock, None)) };
+            let setup = async { tokio::join!(self.timing(lock), self.claim_anew(lock)) };
             tokio::pin!(setup);
             loop {
                 tokio::select! {
@@ -181,7 +186,7 @@ impl Claimant {
                     Some(state) = states.next() => early.push(state),
                     _ = tokio::time::sleep_until(deadline) => {
                         guard.armed = false;
-                        self.withdraw(lock).await;
+                        self.withdraw(lock, ticket).await;
                         return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
                     }
                 }
@@ -192,7 +197,7 @@ impl Claimant {
             Err(e) => {
                 guard.armed = false;
                 if claimed.is_ok() {
-                    self.withdraw(lock).await;
+                    self.withdraw(lock, ticket).await;
                 }
                 return Err(e);
             }
@@ -213,11 +218,11 @@ impl Claimant {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {
                     guard.armed = false;
-                    self.withdraw(lock).await;
+                    self.withdraw(lock, ticket).await;
                     return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
-                    self.ensure_claim(lock, Some(&timing)).await?;
+                    self.ensure_claim(lock, &timing).await?;
                     next_refresh = tokio::time::Instant::now() + refresh;
                     if let Ok(Some(lease)) = self.store.get(lock).await {
                         let _ = polled.unbounded_send(Some(lease));
@@ -229,7 +234,7 @@ impl Claimant {
                         // A grant we could not confirm was taken back, and our claim with it:
                         // claim again now rather than at the next refresh.
                         if std::mem::take(&mut missed_grant) {
-                            self.ensure_claim(lock, Some(&timing)).await?;
+                            self.ensure_claim(lock, &timing).await?;
                             next_refresh = tokio::time::Instant::now() + refresh;
                         }
                         continue;
@@ -251,7 +256,14 @@ impl Claimant {
                             guard.armed = false;
                             self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
                             info!(namespace = %self.namespace(), lock, token, identity = %self.identity, "acquired");
-                            return Ok(Hold::start(self.clone(), lock, token, timing, confirmed, sent, states));
+                            return Ok(Hold::start(
+                                self.clone(),
+                                lock,
+                                ticket,
+                                timing,
+                                hold::Confirmed { token, lease: confirmed, sent },
+                                states,
+                            ));
                         }
                         // The grant moved on before we confirmed it (or the Lease is being
                         // re-created): that grant is not ours; keep waiting.
@@ -269,37 +281,79 @@ impl Claimant {
         }
     }
 
-    /// Creates our claim on `lock`, or refreshes it if it exists. Without the lock's
-    /// timing yet (the first claim), the claim lives [`DEFAULT_CLAIM_TTL`] until refreshed.
-    async fn ensure_claim(&self, lock: &str, timing: Option<&Timing>) -> Result<(), AcquireError> {
-        let ttl = timing.map_or(DEFAULT_CLAIM_TTL, claim_ttl);
+    /// An acquisition's first claim on `lock`, made before the lock's timing is read: it
+    /// lives [`DEFAULT_CLAIM_TTL`] until refreshed. It queues at the back. A claim left over
+    /// from an earlier acquisition (its delete failed: the apiserver was unreachable) is
+    /// replaced, never reused: reused, it would keep its old place at the head of the
+    /// queue, and a claimant that acquires again and again would never let the others in.
+    async fn claim_anew(&self, lock: &str) -> Result<(), AcquireError> {
+        let ttl = i32::try_from(DEFAULT_CLAIM_TTL.as_secs()).unwrap_or(i32::MAX);
+        let name = self.identity.claim_name(lock);
+        let _writing = self.claims.write(lock).await;
+        for _ in 0..3 {
+            match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
+                Ok(_) => {
+                    debug!(lock, claim = %name, "claimed");
+                    return Ok(());
+                }
+                Err(CasError::AlreadyExists { .. }) => {
+                    debug!(lock, claim = %name, "replacing a leftover claim");
+                    self.store.delete(&name, None).await?;
+                }
+                Err(CasError::Forbidden { message, .. }) => {
+                    return Err(AcquireError::Forbidden {
+                        namespace: self.namespace().into(),
+                        lock: lock.into(),
+                        message,
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(CasError::AlreadyExists { namespace: self.namespace().into(), name }.into())
+    }
+
+    /// Refreshes our claim on `lock` with its real lifetime, or creates it again if it is
+    /// gone (the controller dropped it, or a grant we could not confirm took it along).
+    async fn ensure_claim(&self, lock: &str, timing: &Timing) -> Result<(), AcquireError> {
+        let ttl = claim_ttl(timing);
         let ttl = i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
         let forbidden =
             |message| AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message };
-        // Create first: the common case is a new claim, one round trip.
-        match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
-            Ok(_) => return Ok(()),
-            Err(CasError::AlreadyExists { .. }) => {}
-            Err(CasError::Forbidden { message, .. }) => return Err(forbidden(message)),
-            Err(e) => return Err(e.into()),
+        let _writing = self.claims.write(lock).await;
+        // A claim deleted between our create and our refresh (the controller dropping it
+        // as stale) is created again: a claimant that believes it waits must have a claim.
+        for _ in 0..3 {
+            let Some(mut existing) = self.store.get(&name).await? else {
+                match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
+                    Ok(_) => return Ok(()),
+                    Err(CasError::AlreadyExists { .. }) => continue,
+                    Err(CasError::Forbidden { message, .. }) => return Err(forbidden(message)),
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            if let Some(spec) = existing.spec.as_mut() {
+                spec.lease_duration_seconds = Some(ttl);
+            }
+            match self.store.replace(&edit::renewed(&existing, Timestamp::now())).await {
+                Ok(_) => return Ok(()),
+                Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,
+                Err(CasError::Forbidden { message, .. }) => return Err(forbidden(message)),
+                Err(e) => return Err(e.into()),
+            }
         }
-        let Some(mut existing) = self.store.get(&name).await? else { return Ok(()) };
-        if let Some(spec) = existing.spec.as_mut() {
-            spec.lease_duration_seconds = Some(ttl);
-        }
-        match self.store.replace(&edit::renewed(&existing, Timestamp::now())).await {
-            // Someone else wrote it meanwhile (the controller deleting a stale claim): the
-            // next refresh sees the outcome.
-            Ok(_) | Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => Ok(()),
-            Err(CasError::Forbidden { message, .. }) => Err(forbidden(message)),
-            Err(e) => Err(e.into()),
-        }
+        // Still contended: the next refresh tries again.
+        debug!(lock, claim = %name, "claim kept changing under us");
+        Ok(())
     }
 
-    /// Withdraws from `lock`: deletes our claim, then gives back a grant that may have
-    /// arrived meanwhile (never confirmed, so never reported held).
-    pub(crate) async fn withdraw(&self, lock: &str) {
+    /// Withdraws acquisition `ticket` from `lock`: deletes our claim, then gives back a
+    /// grant that may have arrived meanwhile (never confirmed, so never reported held).
+    /// Nothing to do once a newer acquisition of the lock has begun: claim and grant are
+    /// its.
+    pub(crate) async fn withdraw(&self, lock: &str, ticket: book::Ticket) {
+        let Some(_writing) = self.claims.withdrawal(lock, ticket).await else { return };
         if let Err(e) = self.store.delete(&self.identity.claim_name(lock), None).await {
             debug!(lock, error = %e, "failed to delete claim");
         }
@@ -329,6 +383,7 @@ fn claim_refresh(timing: &Timing) -> Duration {
 struct Withdraw {
     claimant: Claimant,
     lock: String,
+    ticket: book::Ticket,
     armed: bool,
 }
 
@@ -337,8 +392,8 @@ impl Drop for Withdraw {
         if self.armed
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let (claimant, lock) = (self.claimant.clone(), std::mem::take(&mut self.lock));
-            runtime.spawn(async move { claimant.withdraw(&lock).await });
+            let (claimant, lock, ticket) = (self.claimant.clone(), std::mem::take(&mut self.lock), self.ticket);
+            runtime.spawn(async move { claimant.withdraw(&lock, ticket).await });
         }
     }
 }

@@ -141,20 +141,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .modify(|l| l.managed_fields_mut().clear())
         .reflect(lease_writer)
         .inspect(synced.marker("leases"))
-        .touched_objects();
+        .touched_objects()
+        .filter(only_objects);
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
         .modify(|p| p.managed_fields_mut().clear())
         .reflect(pod_writer)
         .inspect(synced.marker("pods"))
-        .touched_objects();
+        .touched_objects()
+        .filter(only_objects);
     let (locks, lock_writer) = reflector::store();
     let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
         .reflect(lock_writer)
         .inspect(synced.marker("distributedlocks"))
-        .applied_objects();
+        .applied_objects()
+        .filter(only_objects);
     let controller = Controller::for_stream(lock_stream, locks.clone());
 
     let reporter = Reporter { controller: crate::crd::MANAGER_CONTROLLER.into(), instance: Some(identity.clone()) };
@@ -264,6 +267,16 @@ struct CacheHealth {
     synced: bool,
     /// Since when every watch attempt has failed (cleared by any event).
     failing_since: Option<std::time::Instant>,
+}
+
+/// Keeps watch errors away from the controller. Each watch already retries with its own
+/// backoff and reports failures to [`Synced`]; an error reaching the controller would
+/// make it back off its whole trigger stream — and with it the polling that keeps every
+/// cache current — for up to 30 s, growing with each error (seen after apiserver
+/// restarts: the Lease cache missed every new claim for tens of seconds, and only the
+/// claimant it already knew was ever granted).
+fn only_objects<K>(item: &Result<K, watcher::Error>) -> futures::future::Ready<bool> {
+    futures::future::ready(item.is_ok())
 }
 
 /// A cache failing for this long makes the replica unready: its view of locks is stale.
