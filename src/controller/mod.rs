@@ -154,6 +154,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (locks, lock_writer) = reflector::store();
     let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
+        // Nothing reads their field managers; 10,000 locks' worth is tens of MiB.
+        .modify(|l| l.managed_fields_mut().clear())
         .reflect(lock_writer)
         .inspect(synced.marker("distributedlocks"))
         .applied_objects()
