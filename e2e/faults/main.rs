@@ -100,12 +100,7 @@ async fn run(plan: Plan, sidecar_bin: Option<String>) -> checker::Report {
     for l in loops {
         l.await.expect("a fault loop panicked");
     }
-    world.stop_workers();
-    let applied = world.applied().await;
-    let bounds = checker::Bounds { margin: MARGIN, recovery: LEASE + Duration::from_secs(2) };
-    let entries = world.history.entries();
-    let faults = world.history.faults();
-    let report = checker::check(&entries, &faults, &world.grants(), &applied, bounds);
+    let (report, entries, faults) = finish(&world).await;
     eprintln!("faults: finished in {:.1}s\n{report}", started.elapsed().as_secs_f64());
     // Show what happened around every fault that recovered late.
     let base = faults.iter().map(|f| f.start).min().unwrap_or(started);
@@ -125,6 +120,17 @@ async fn run(plan: Plan, sidecar_bin: Option<String>) -> checker::Report {
         }
     }
     report
+}
+
+/// Stops the workers and checks what they did: the report, with the histories it read.
+async fn finish(world: &World) -> (checker::Report, Vec<history::Entry>, Vec<Fault>) {
+    world.stop_workers();
+    let applied = world.applied().await;
+    let bounds = checker::Bounds { margin: MARGIN, recovery: LEASE + Duration::from_secs(2) };
+    let entries = world.history.entries();
+    let faults = world.history.faults();
+    let report = checker::check(&entries, &faults, &world.grants(), &applied, bounds);
+    (report, entries, faults)
 }
 
 /// The wall-clock time of a monotonic instant (to find it in the process logs).
@@ -179,10 +185,7 @@ async fn partitioned_long_holds(bin: Option<String>) -> checker::Report {
             settle(&world, fault).await;
         }
     }
-    world.stop_workers();
-    let applied = world.applied().await;
-    let bounds = checker::Bounds { margin: MARGIN, recovery: LEASE + Duration::from_secs(2) };
-    checker::check(&world.history.entries(), &world.history.faults(), &world.grants(), &applied, bounds)
+    finish(&world).await.0
 }
 
 /// A sidecar built with the test-only feature `broken-ignore-renew-deadline` keeps
@@ -219,12 +222,7 @@ async fn repeat_one_fault() {
             }
         }
     }
-    world.stop_workers();
-    let applied = world.applied().await;
-    let bounds = checker::Bounds { margin: MARGIN, recovery: LEASE + Duration::from_secs(2) };
-    let entries = world.history.entries();
-    let faults = world.history.faults();
-    let report = checker::check(&entries, &faults, &world.grants(), &applied, bounds);
+    let (report, entries, faults) = finish(&world).await;
     eprintln!("{report}");
     let base = faults.iter().map(|f| f.start).min().expect("faults");
     for f in &faults {

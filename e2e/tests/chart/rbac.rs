@@ -161,20 +161,8 @@ impl ChartController {
         validating.replace("leasehold", &PostParams::default(), &config).await.expect("repoint the validating webhook");
 
         let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), &ns.name);
-        let probe: Pod =
-            serde_json::from_value(json!({"metadata": {"name": "probe", "labels": {"leasehold.dev/inject": "true"}},
-            "spec": {"containers": [{"name": "app", "image": "app:1"}]}}))
-            .expect("a Pod");
         poll(WAIT, "the chart's injection webhook answered by the local controller", || async {
-            let stored = pods
-                .create(&PostParams { dry_run: true, field_manager: None }, &probe)
-                .await
-                .map_err(|e| e.to_string())?;
-            let injected = stored
-                .spec
-                .and_then(|s| s.init_containers)
-                .is_some_and(|c| c.iter().any(|c| c.name == "leasehold-sidecar"));
-            Ok(injected.then_some(()))
+            Ok(crate::support::admission::injects(&pods, "probe").await?.then_some(()))
         })
         .await
         .expect("injection works");
@@ -199,7 +187,7 @@ async fn the_charts_rbac_suffices_for_the_controller_its_webhooks_and_app_sideca
         .await
         .expect("a lock");
     let worker = stage.pod("worker").await;
-    let sidecar = stage.sidecar(&worker).await;
+    let sidecar = stage.sidecar(&worker, &[]).await;
     let (status, body) = sidecar.acquire("jobs", 1.0).await;
     assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")), "before the controller: {body}");
     assert_eq!(stage.may_claim(&worker).await, Ok(false));

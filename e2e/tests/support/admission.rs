@@ -113,21 +113,8 @@ impl Env {
         // Probe with a dry-run Pod until the webhook answers (the apiserver picks the
         // configuration up asynchronously).
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.ns.client.clone(), self.name());
-        let probe: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-            "metadata": {"name": "webhook-probe", "labels": {"leasehold.dev/inject": "true"}},
-            "spec": {"containers": [{"name": "app", "image": "app:1"}]},
-        }))
-        .expect("pod");
         leasehold_harness::eventually("the injection webhook answers", Duration::from_secs(30), || async {
-            let stored = pods
-                .create(&PostParams { dry_run: true, field_manager: None }, &probe)
-                .await
-                .map_err(|e| e.to_string())?;
-            let injected = stored
-                .spec
-                .and_then(|s| s.init_containers)
-                .is_some_and(|c| c.iter().any(|c| c.name == "leasehold-sidecar"));
-            if injected { Ok(()) } else { Err("not injected yet".to_owned()) }
+            if injects(&pods, "webhook-probe").await? { Ok(()) } else { Err("not injected yet".to_owned()) }
         })
         .await;
     }
@@ -166,4 +153,17 @@ impl Env {
         })
         .await;
     }
+}
+
+/// Whether the injection webhook adds the sidecar to an opted-in Pod named `name`,
+/// created as a dry run in `pods` (nothing is stored).
+pub async fn injects(pods: &Api<k8s_openapi::api::core::v1::Pod>, name: &str) -> Result<bool, String> {
+    let probe: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"leasehold.dev/inject": "true"}},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}]},
+    }))
+    .expect("pod");
+    let stored =
+        pods.create(&PostParams { dry_run: true, field_manager: None }, &probe).await.map_err(|e| e.to_string())?;
+    Ok(stored.spec.and_then(|s| s.init_containers).is_some_and(|c| c.iter().any(|c| c.name == "leasehold-sidecar")))
 }

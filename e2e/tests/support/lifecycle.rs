@@ -75,18 +75,24 @@ impl Stage<'_> {
         }
     }
 
-    /// Starts a sidecar process for `pod` (its Pod-bound token, downward-API identity) and
-    /// waits until it is healthy; like [`Env::sidecar`].
-    pub async fn sidecar(&self, pod: &TestPod) -> Sidecar {
+    /// Where process logs go.
+    pub fn log_dir(&self) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join("leasehold-e2e").join(self.name());
         std::fs::create_dir_all(&dir).expect("create the log directory");
-        let kubeconfig = dir.join(format!("kubeconfig-{}", pod.name));
+        dir
+    }
+
+    /// Starts a sidecar process for `pod` (its Pod-bound token, downward-API identity),
+    /// with `extra` arguments, and waits until it is healthy.
+    pub async fn sidecar(&self, pod: &TestPod, extra: &[&str]) -> Sidecar {
+        let kubeconfig = self.log_dir().join(format!("kubeconfig-{}", pod.name));
         self.ns.kubeconfig_for_token(&pod.token, &kubeconfig).expect("write the pod's kubeconfig");
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut command = Command::new(leasehold_bin());
         command
             .args(["sidecar", "--listen", &api.to_string(), "--admin-addr", &admin.to_string()])
+            .args(extra)
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAMESPACE", self.name())
             .env("POD_NAME", &pod.name)

@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -107,41 +106,15 @@ impl Env {
 
     /// A "pod": a ServiceAccount, a Pod object, and a client holding a token bound to it.
     pub async fn pod(&self, name: &str) -> TestPod {
-        let sa = format!("sa-{name}");
-        self.ns.service_account(&sa).await;
-        let pod = self.ns.pod(name, &sa, &[]).await;
-        let token = self.ns.pod_token(&sa, &pod).await;
-        let client = self.cp.client_with_token(&token).await;
-        TestPod {
-            name: name.to_owned(),
-            uid: pod.uid().expect("a stored Pod has a uid"),
-            service_account: sa,
-            token,
-            client,
-            pod,
-        }
+        self.stage().pod(name).await
     }
 
     /// Waits until `pod` may create Leases here (the controller prepares claimant RBAC
     /// once the namespace has a lock).
     pub async fn wait_claim_rbac(&self, pod: &TestPod) {
-        let reviews: Api<SelfSubjectAccessReview> = Api::all(pod.client.clone());
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(self.name().to_owned()),
-                    verb: Some("create".into()),
-                    group: Some("coordination.k8s.io".into()),
-                    resource: Some("leases".into()),
-                    ..ResourceAttributes::default()
-                }),
-                ..SelfSubjectAccessReviewSpec::default()
-            },
-            ..SelfSubjectAccessReview::default()
-        };
+        let stage = self.stage();
         eventually("claimant RBAC prepared by the controller", Duration::from_secs(30), || async {
-            let answer = reviews.create(&PostParams::default(), &review).await.map_err(|e| e.to_string())?;
-            if answer.status.is_some_and(|s| s.allowed) { Ok(()) } else { Err("not allowed yet".to_owned()) }
+            if stage.may_claim(pod).await? { Ok(()) } else { Err("not allowed yet".to_owned()) }
         })
         .await;
     }
@@ -149,36 +122,12 @@ impl Env {
     /// Starts a sidecar process for `pod`, with its Pod-bound token and downward-API
     /// identity; waits until it is healthy.
     pub async fn sidecar(&self, pod: &TestPod, extra: &[&str]) -> Sidecar {
-        let kubeconfig = self.log_dir().join(format!("kubeconfig-{}", pod.name));
-        self.ns.kubeconfig_for_token(&pod.token, &kubeconfig).expect("write the pod's kubeconfig");
-        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut command = Command::new(leasehold_bin());
-        command
-            .args(["sidecar", "--listen", &api.to_string(), "--admin-addr", &admin.to_string()])
-            .args(extra)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("POD_NAMESPACE", self.name())
-            .env("POD_NAME", &pod.name)
-            .env("POD_UID", &pod.uid)
-            .env("RUST_LOG", "info,kube=warn");
-        let process = LeaseholdProcess::spawn(&format!("sidecar-{}-{}", pod.name, api.port()), command, admin);
-        let name = process.name.clone();
-        eventually(&format!("{name} healthy"), Duration::from_secs(60), || async {
-            match process.admin_get("/healthz").await {
-                Some((200, _)) => Ok(()),
-                other => Err(format!("{other:?}: {}", process.log_tail(10))),
-            }
-        })
-        .await;
-        Sidecar { process, api }
+        self.stage().sidecar(pod, extra).await
     }
 
     /// Where process logs go.
     pub fn log_dir(&self) -> PathBuf {
-        let dir = std::env::temp_dir().join("leasehold-e2e").join(self.name());
-        std::fs::create_dir_all(&dir).expect("create the log directory");
-        dir
+        self.stage().log_dir()
     }
 }
 

@@ -17,14 +17,7 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     F: Fn(&K) -> bool,
 {
-    let found = tokio::time::timeout(
-        timeout,
-        await_condition(api.clone(), name, move |obj: Option<&K>| obj.is_some_and(&condition)),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
-    .unwrap_or_else(|e| panic!("watch failed while waiting for {what}: {e}"));
-    found.unwrap_or_else(|| panic!("{name} vanished while waiting for {what}"))
+    super::lifecycle::wait_for(api, name, timeout, what, condition).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Waits until object `name` does not exist.
