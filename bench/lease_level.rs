@@ -1,5 +1,5 @@
-//! Issue 3's closing figures, at the Lease level with no sidecar in the way: grant latency
-//! (claim Lease created → grant visible on a watch of the lock Lease) and voluntary handoff
+//! The protocol's own figures, at the Lease level with no sidecar in the way: grant latency
+//! (LockClaim created → grant visible on a watch of the lock Lease) and voluntary handoff
 //! (the holder's CAS clearing the holder returned → next grant visible). The claimants are
 //! the bench itself, writing exactly what a claimant writes (`leasehold::claim::edit`).
 
@@ -11,6 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;
 use leasehold::claim::edit;
+use leasehold::crd::LockClaim;
 use leasehold::lease::Identity;
 use rand::Rng;
 use serde_json::json;
@@ -34,6 +35,7 @@ async fn confirm(leases: &Api<Lease>, lock: &str, lease: &Lease) -> anyhow::Resu
 /// to it is seen on a watch; the bench confirms, deletes the claim and releases.
 pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize) -> anyhow::Result<Run> {
     let leases = env.leases();
+    let claims: Api<LockClaim> = Api::namespaced(env.ns.client.clone(), env.name());
     let dl = Latest::start(env.locks(), lock);
     let mut grants = GrantLog::start(leases.clone(), lock);
     let me = Identity::for_process();
@@ -45,7 +47,7 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
             .await?;
         let seen_before = grants.grants().len();
         let call = Instant::now();
-        leases.create(&PostParams::default(), &edit::claim_lease(lock, &me, CLAIM_TTL, Timestamp::now())).await?;
+        claims.create(&PostParams::default(), &edit::lock_claim(lock, &me, CLAIM_TTL, Timestamp::now())).await?;
         let created = Instant::now();
         let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
         ensure!(grant.holder == me.id, "granted to {}", grant.holder);
@@ -55,14 +57,14 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
         }
         let lease = leases.get(lock).await?;
         let confirmed = confirm(&leases, lock, &lease).await?;
-        leases.delete(&me.claim_name(lock), &Default::default()).await?;
+        claims.delete(&me.claim_name(lock), &Default::default()).await?;
         leases.replace(lock, &PostParams::default(), &edit::released(&confirmed)).await?;
     }
     let params = json!({
         "warmup": warmup,
         "samples": samples,
         "claimant": "the bench, admin client, identity outside any Pod",
-        "sample_start": "create of the claim Lease returned",
+        "sample_start": "create of the LockClaim returned",
         "sample_stop": "the grant (holder = claimant) arrived on the bench's watch of the lock Lease",
         "between_cycles": "confirm, delete the claim, clear the holder; wait until status counts the release",
     });
@@ -92,24 +94,25 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
 /// the watch, and the waiter confirms at once.
 pub async fn handoff(env: &Env, lock: &str, warmup: usize, samples: usize) -> anyhow::Result<Run> {
     let leases = env.leases();
+    let claims: Api<LockClaim> = Api::namespaced(env.ns.client.clone(), env.name());
     let dl = Latest::start(env.locks(), lock);
     let mut grants = GrantLog::start(leases.clone(), lock);
     let (a, b) = (Identity::for_process(), Identity::for_process());
     let post = PostParams::default();
 
-    leases.create(&post, &edit::claim_lease(lock, &a, CLAIM_TTL, Timestamp::now())).await?;
+    claims.create(&post, &edit::lock_claim(lock, &a, CLAIM_TTL, Timestamp::now())).await?;
     grants.wait_for(1, WAIT).await;
     let mut held = confirm(&leases, lock, &leases.get(lock).await?).await?;
     let (mut holder, mut waiter) = (&a, &b);
     let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
     for i in 0..warmup + samples {
-        leases.create(&post, &edit::claim_lease(lock, waiter, CLAIM_TTL, Timestamp::now())).await?;
+        claims.create(&post, &edit::lock_claim(lock, waiter, CLAIM_TTL, Timestamp::now())).await?;
         dl.wait("the waiter queued", WAIT, |d| {
             d.status.as_ref().is_some_and(|s| s.waiters.iter().any(|w| w.identity == waiter.id))
         })
         .await?;
         tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..100))).await;
-        leases.delete(&holder.claim_name(lock), &Default::default()).await?;
+        claims.delete(&holder.claim_name(lock), &Default::default()).await?;
         let seen_before = grants.grants().len();
         let call = Instant::now();
         leases.replace(lock, &post, &edit::released(&held)).await.context("release")?;
@@ -123,7 +126,7 @@ pub async fn handoff(env: &Env, lock: &str, warmup: usize, samples: usize) -> an
         }
         std::mem::swap(&mut holder, &mut waiter);
     }
-    leases.delete(&holder.claim_name(lock), &Default::default()).await?;
+    claims.delete(&holder.claim_name(lock), &Default::default()).await?;
     leases.replace(lock, &post, &edit::released(&held)).await?;
     let params = json!({
         "warmup": warmup,

@@ -1,4 +1,4 @@
-//! `make bench` (issue 8): Leasehold against the floors and the peer libraries, in one run
+//! `make bench`: Leasehold against the floors and the peer libraries, in one run
 //! on this machine, against a control plane of its own.
 //!
 //! Order matters: the quiet baseline of apiserver writes first (before any lock exists),
@@ -15,6 +15,7 @@ mod support;
 
 mod floors;
 mod lease_level;
+mod node;
 mod observe;
 mod output;
 mod peers;
@@ -196,6 +197,10 @@ async fn bench() -> anyhow::Result<bool> {
         sidecar::pod_deletion(&env, "poddel", plan.pod_deletions).await
     })
     .await;
+    phase(&mut run, began, "Leasehold: app crash failover (session-bound holds)", async {
+        sidecar::app_crash(&env, "appcrash", plan.app_crashes).await
+    })
+    .await;
     for &locks in &plan.throughput_locks {
         let name = format!("Leasehold: throughput, {locks} locks × {} clients", plan.clients_per_lock);
         phase(&mut run, began, &name, async {
@@ -207,7 +212,7 @@ async fn bench() -> anyhow::Result<bool> {
         .await;
     }
     if let Some(pid) = controller.process.as_ref().map(|p| p.pid()) {
-        let locks = 5 + plan.held_locks + plan.crash_pairs + plan.throughput_locks.iter().sum::<usize>();
+        let locks = 6 + plan.held_locks + plan.crash_pairs + plan.throughput_locks.iter().sum::<usize>();
         let what = "controller (main namespace), after the throughput runs";
         match observe::memory(pid, what, json!({ "locks": locks })) {
             Ok(m) => run.memory.push(m),
@@ -233,6 +238,13 @@ async fn bench() -> anyhow::Result<bool> {
         let env = Env::new("bench-scale").await;
         let controller = env.controller(&[]).await;
         scale::run(&env, &controller, &admin, &background, &scale_plan).await
+    })
+    .await;
+
+    // 6. On a real node, last: its kubelet, containerd and second control plane would
+    //    otherwise share the cores with every measurement above.
+    phase(&mut run, began, "real node: container memory, failover after app kill and pod deletion", async {
+        node::run(&repo, plan.node_failovers).await
     })
     .await;
 
@@ -286,7 +298,7 @@ impl World {
     /// memory.
     async fn set_up(env: &Env, plan: &Plan) -> anyhow::Result<(World, Run)> {
         let mut names: Vec<String> =
-            ["acquire", "handoff", "lease-grant", "lease-handoff", "poddel"].map(str::to_owned).into();
+            ["acquire", "handoff", "lease-grant", "lease-handoff", "poddel", "appcrash"].map(str::to_owned).into();
         names.extend((0..plan.held_locks).map(|i| format!("held-{i}")));
         names.extend((0..plan.crash_pairs).map(|i| format!("crash-{i}")));
         for name in &names {

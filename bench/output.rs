@@ -168,7 +168,7 @@ pub fn facts(run: &mut Run, repo: &Path, plan: &Plan) {
 /// What a reader should know to weigh the numbers.
 fn notes(run: &mut Run) {
     run.notes.extend([
-        "This machine is shared (2 cores; other sessions may build or test at the same time): compare numbers within this run, as ratios, not across runs. The load average at start and end is in the parameters.".to_owned(),
+        "This machine is shared (2 cores; other builds and tests may run at the same time): compare numbers within this run, as ratios, not across runs. The load average at start and end is in the parameters.".to_owned(),
         "All components run on loopback on one 2-core machine: etcd (--unsafe-no-fsync, as the e2e harness runs it), kube-apiserver, kube-controller-manager, the Leasehold controller, sidecars, the peers and the bench itself compete for the same CPUs.".to_owned(),
         "The Lease guard (ValidatingAdmissionPolicy) and the webhooks are not installed: the harness's default, as in the e2e tests. In a cluster with the chart, every Lease write also pays a CEL evaluation.".to_owned(),
         "Sidecar latency includes a new loopback TCP connection per HTTP request (the bench's client), as a shell `curl` would.".to_owned(),

@@ -31,6 +31,8 @@ pub struct Plan {
     pub held_window: Duration,
     /// Pod-deletion failover samples.
     pub pod_deletions: usize,
+    /// App crash failover samples (session-bound holds).
+    pub app_crashes: usize,
     /// Lock counts of the throughput runs.
     pub throughput_locks: Vec<usize>,
     /// Contending clients per lock.
@@ -69,6 +71,8 @@ pub struct Plan {
     /// Longest wait for the controller to reconcile one scale step.
     #[serde(serialize_with = "secs")]
     pub scale_timeout: Duration,
+    /// Failover samples of each kind on the real node (app container killed, pod deleted).
+    pub node_failovers: usize,
 }
 
 impl Plan {
@@ -88,6 +92,7 @@ impl Plan {
             held_locks: 10,
             held_window: Duration::from_secs(30),
             pod_deletions: 20,
+            app_crashes: 30,
             throughput_locks: vec![1, 10, 100],
             clients_per_lock: 10,
             throughput_warmup: Duration::from_secs(8),
@@ -105,6 +110,7 @@ impl Plan {
             create_concurrency: 16,
             idle_window: Duration::from_secs(30),
             scale_timeout: Duration::from_secs(300),
+            node_failovers: 10,
         }
     }
 
@@ -118,6 +124,7 @@ impl Plan {
             held_locks: 3,
             held_window: Duration::from_secs(6),
             pod_deletions: 3,
+            app_crashes: 3,
             throughput_locks: vec![1, 10],
             clients_per_lock: 10,
             throughput_warmup: Duration::from_secs(3),
@@ -135,6 +142,7 @@ impl Plan {
             create_concurrency: 16,
             idle_window: Duration::from_secs(5),
             scale_timeout: Duration::from_secs(240),
+            node_failovers: 2,
         }
     }
 }

@@ -401,3 +401,73 @@ impl CrashSamples {
 fn lease_renew_time(lease: Option<&Lease>) -> Option<jiff::Timestamp> {
     lease?.spec.as_ref()?.renew_time.as_ref().map(|t| t.0)
 }
+
+/// App crash failover with session-bound holds: an app process (`curl`, holding the lock
+/// through its session) is SIGKILLed while a waiter (another pod's sidecar) queues. The
+/// kernel closes the dead app's connection; its sidecar lets the hold go at once. Sample:
+/// SIGKILL → waiter's acquire returned.
+pub async fn app_crash(env: &Env, lock: &str, samples: usize) -> anyhow::Result<Run> {
+    use tokio::io::AsyncBufReadExt;
+    let dl = Latest::start(env.locks(), lock);
+    let mut grants = GrantLog::start(env.leases(), lock);
+    let (a, b) = (env.pod(&format!("{lock}-a")).await, env.pod(&format!("{lock}-b")).await);
+    let (sa, sb) = (env.sidecar(&a, &[]).await, env.sidecar(&b, &[]).await);
+    let waiter_id = b.identity().id;
+    let (mut to_acquired, mut to_grant) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        // The app: curl holding a session on a's sidecar; its first line is the grant.
+        let mut app = tokio::process::Command::new("curl")
+            .args(["-sS", "-N", "-X", "POST", "-H", "Content-Type: application/json"])
+            .args(["-d", r#"{"session": true, "waitSeconds": 30}"#])
+            .arg(format!("http://{}/v1/locks/{lock}/acquire", sa.api))
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("failed to start curl")?;
+        let mut lines = tokio::io::BufReader::new(app.stdout.take().context("curl's stdout")?).lines();
+        let grant = tokio::time::timeout(WAIT, lines.next_line()).await.context("the app's grant")??;
+        let grant: Value = serde_json::from_str(grant.as_deref().unwrap_or_default()).context("the grant line")?;
+        let app_token = grant["fencingToken"].as_i64().with_context(|| format!("no grant: {grant}"))?;
+        let pending = acquire_in_background(sb.api, lock, 60.0);
+        dl.wait("the waiter queued", WAIT, |d| waiting(d, &waiter_id)).await?;
+        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..100))).await;
+        let seen_before = grants.grants().len();
+        let killed = Instant::now();
+        app.start_kill().context("failed to SIGKILL the app")?;
+        let (acquired, response) = pending.await?;
+        let token = granted(&response)?;
+        ensure!(token > app_token, "token {token} after the app's {app_token}");
+        let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
+        ensure!(grant.holder == waiter_id, "granted to {} instead of the waiter", grant.holder);
+        to_acquired.push(ms_between(killed, acquired));
+        to_grant.push(ms_between(killed, grant.seen));
+        app.wait().await.context("reap the app")?;
+        let (status, body) = sb.release(lock).await;
+        ensure!(status == 200 && body["wasHeld"] == json!(true), "the waiter's release answered {status}: {body}");
+    }
+    let params = json!({
+        "samples": samples,
+        "app": "curl -N holding a session-bound acquire ({\"session\": true}) on its pod's sidecar",
+        "choreography": "the waiter (another pod's sidecar) queues (status lists it, plus U[50,100) ms), then the app process is SIGKILLed",
+        "sample_start": "SIGKILL sent to the app process",
+        "lock": "default spec: leaseDuration 15 s, renewDeadline 10 s, retryPeriod 2 s",
+    });
+    let mut run = Run::default();
+    run.series.push(Series::new(
+        "leasehold.app_crash_failover",
+        "app crash failover (app process SIGKILL → next holder's acquire returned)",
+        "Leasehold",
+        Panel::Failover,
+        to_acquired,
+        params.clone(),
+    ));
+    run.series.push(Series::new(
+        "leasehold.app_crash_failover_grant",
+        "app crash failover (app process SIGKILL → grant visible on a watch)",
+        "Leasehold",
+        Panel::Failover,
+        to_grant,
+        params,
+    ));
+    Ok(run)
+}

@@ -1,4 +1,8 @@
-//! Operator commands: `leasehold release --force` and `leasehold manifests`.
+//! Operator commands: `leasehold release --force` (the one-step annotation where the lock's
+//! policy needs no approval, else a ForceReleaseRequest), `leasehold approve` and
+//! `leasehold deny` ([`request`]).
+
+pub mod request;
 
 use std::time::Duration;
 
@@ -22,9 +26,13 @@ pub struct Release {
     /// Why: recorded with your user name in the lock's status and an Event.
     #[arg(long)]
     pub reason: Option<String>,
-    /// How long to wait for the controller to carry it out.
+    /// How long to wait for the controller to carry it out (or, for a request, to take
+    /// it in).
     #[arg(long, default_value = "30s", value_parser = crate::controller::parse_duration)]
     pub timeout: Duration,
+    /// How long a request may wait for its approvals (where the lock's policy needs any).
+    #[arg(long, default_value = "1h", value_parser = crate::controller::parse_duration)]
+    pub ttl: Duration,
 }
 
 /// Asks the controller to revoke the current hold of a lock, and waits until it has.
@@ -40,6 +48,12 @@ pub async fn release(args: Release) -> anyhow::Result<String> {
     let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
     let locks: Api<DistributedLock> = Api::namespaced(client, namespace);
     let before = locks.get_opt(name).await?.with_context(|| format!("lock {namespace}/{name} does not exist"))?;
+    // The policy as the controller applies it; unknown (not reported yet): a request,
+    // which acts at once where no approval is needed.
+    let required = before.status.as_ref().and_then(|s| s.force_release_approvals);
+    if required != Some(0) {
+        return request::create(client_of(&locks), namespace, name, reason, &args).await;
+    }
     let previous = before.status.as_ref().and_then(|s| s.last_force_release.clone());
     let patch = json!({"metadata": {"annotations": {ANNOTATION_FORCE_RELEASE: reason}}});
     locks
@@ -74,4 +88,8 @@ pub async fn release(args: Release) -> anyhow::Result<String> {
             format!("{namespace}/{name} was not held; request recorded (by {}, reason: {})", record.by, record.reason)
         }
     })
+}
+
+fn client_of(locks: &Api<DistributedLock>) -> kube::Client {
+    locks.clone().into_client()
 }

@@ -1,51 +1,83 @@
-//! The `DistributedLock` custom resource (`leasehold.dev/v1alpha1`), and the label,
-//! annotation and field-manager names every component agrees on.
+//! The custom resources (`leasehold.dev/v1alpha1`): `DistributedLock` and `LockClaim`, and
+//! the label, annotation, finalizer and field-manager names every component agrees on.
 //!
 //! The spec is validated by the apiserver itself (OpenAPI bounds plus CEL rules), so a bad
 //! lock is refused at `kubectl apply` time with a message that names the field, and the
 //! controller never has to guess what an invalid timing means. The status is written only
 //! by the controller, by server-side apply.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
+
+pub use crate::crd_force::{
+    Approval, Denial, ForceReleaseEntry, ForceReleasePolicy, ForceReleaseRequest, ForceReleaseRequestSpec,
+    ForceReleaseRequestStatus, Phase,
+};
 
 /// API group of every Leasehold resource and the prefix of its labels and annotations.
 pub const GROUP: &str = "leasehold.dev";
 
-/// Label on lock and claim Leases: the name of the lock they belong to.
+/// Label on lock Leases and LockClaims: the name of the lock they belong to.
 pub const LABEL_LOCK: &str = "leasehold.dev/lock";
-/// Label on lock and claim Leases: `lock` or `claim`.
+/// Label on lock Leases: their role, [`ROLE_LOCK`].
 pub const LABEL_ROLE: &str = "leasehold.dev/role";
 /// Value of [`LABEL_ROLE`] on the one Lease per lock that the controller grants.
 pub const ROLE_LOCK: &str = "lock";
-/// Value of [`LABEL_ROLE`] on a claimant's own Lease announcing that it waits.
-pub const ROLE_CLAIM: &str = "claim";
 /// Annotation carrying a fencing token (decimal). On the lock Lease: the highest token
 /// issued or reserved for the lock. On a fenced object: the token its writer holds.
 pub const ANNOTATION_TOKEN: &str = "leasehold.dev/fencing-token";
-/// Annotation on the lock Lease naming the claim Lease of the current holder.
+/// Annotation on the lock Lease naming the LockClaim of the current holder.
 pub const ANNOTATION_CLAIM: &str = "leasehold.dev/claim";
 /// Annotation on the lock Lease recording why the controller last took a hold away.
 pub const ANNOTATION_REVOKED: &str = "leasehold.dev/revoked";
-/// Annotation on a claim Lease naming the claimant's Pod, when it runs in one.
-pub const ANNOTATION_POD: &str = "leasehold.dev/pod";
 /// Annotation on a DistributedLock asking the controller to revoke the current hold.
 /// The value is the operator's reason; it must not be empty.
 pub const ANNOTATION_FORCE_RELEASE: &str = "leasehold.dev/force-release";
 /// Annotation stamped by the admission webhook: who asked for the force release.
 pub const ANNOTATION_FORCE_RELEASE_BY: &str = "leasehold.dev/force-release-by";
+/// Annotation stamped with a force release: the token of the hold it revokes (the holder's
+/// at admission). The controller revokes only a hold with that token, so a request it
+/// could not clear never touches a later holder. `none`: nothing was held.
+pub const ANNOTATION_FORCE_RELEASE_TARGET: &str = "leasehold.dev/force-release-target";
+/// Annotation on the lock Lease: the renew deadline (seconds) the current hold was granted
+/// under. With `spec.leaseDurationSeconds` and the two below, the timing both the controller
+/// and the holder use for the life of the hold, whatever later edits of the lock say.
+pub const ANNOTATION_RENEW_DEADLINE: &str = "leasehold.dev/renew-deadline-seconds";
+/// Annotation on the lock Lease: the retry period (seconds) the current hold was granted under.
+pub const ANNOTATION_RETRY_PERIOD: &str = "leasehold.dev/retry-period-seconds";
+/// Annotation on the lock Lease: the maximum hold (seconds) the current hold was granted
+/// under; absent when there is none.
+pub const ANNOTATION_MAX_HOLD: &str = "leasehold.dev/max-hold-seconds";
+/// Annotation on the lock Lease while a revoked holder may still believe it holds: the
+/// revoked token. `holderIdentity` keeps naming the revoked holder until it acknowledges
+/// (clears it) or the drain times out; nobody else is granted meanwhile.
+pub const ANNOTATION_DRAINING: &str = "leasehold.dev/draining";
+/// Finalizer the controller puts on every DistributedLock: on deletion, the current hold is
+/// drained and the lock Lease deleted before the lock goes.
+pub const FINALIZER: &str = "leasehold.dev/lease";
 /// Pod label opting a Pod in to sidecar injection.
 pub const LABEL_INJECT: &str = "leasehold.dev/inject";
 /// Pod annotation: hold this lock for the Pod's whole life (hold mode).
 pub const ANNOTATION_HOLD: &str = "leasehold.dev/hold";
 /// Label on any object whose writes are fenced by the named lock.
 pub const LABEL_FENCED_BY: &str = "leasehold.dev/fenced-by";
+/// Labels on everything the controller creates in app namespaces (lock Leases, the client
+/// Role and RoleBinding), so that it can be found and removed:
+/// `kubectl get role,rolebinding,lease -A -l app.kubernetes.io/managed-by=leasehold`.
+pub const MANAGED_LABELS: [(&str, &str); 2] =
+    [("app.kubernetes.io/managed-by", "leasehold"), ("app.kubernetes.io/part-of", "leasehold")];
 
 /// Server-side-apply field manager of the controller.
 pub const MANAGER_CONTROLLER: &str = "leasehold-controller";
 /// Field manager of the sidecar.
 pub const MANAGER_SIDECAR: &str = "leasehold-sidecar";
+/// Annotation an approver puts on a ForceReleaseRequest to approve it; the admission
+/// webhook turns it into an entry of `spec.approvals` naming the approver, and removes it.
+pub const ANNOTATION_APPROVE: &str = "leasehold.dev/approve";
+/// Annotation an approver (or the requester) puts on a ForceReleaseRequest to deny it, its
+/// value the reason; the admission webhook turns it into `spec.denial`, and removes it.
+pub const ANNOTATION_DENY: &str = "leasehold.dev/deny";
 /// Field manager of `leasehold run` and the other CLI commands.
 pub const MANAGER_CLI: &str = "leasehold-cli";
 
@@ -91,7 +123,7 @@ fn default_retry_period() -> i32 {
     printcolumn(name = "Last-Wait", type_ = "number", json_path = ".status.stats.lastWaitSeconds"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')")
-        .message("metadata.name must be a DNS label: at most 63 lowercase letters, digits and '-', no dots (claim Leases use dots)")
+        .message("metadata.name must be a DNS label: at most 63 lowercase letters, digits and '-', no dots (LockClaim names use dots)")
 )]
 #[x_kube(validation = Rule::new("self.leaseDurationSeconds > self.renewDeadlineSeconds")
     .message("spec.leaseDurationSeconds must be greater than spec.renewDeadlineSeconds")
@@ -125,6 +157,9 @@ pub struct DistributedLockSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
     pub clients: Vec<String>,
+    /// How an operator may revoke the current hold (ForceReleaseRequests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_release: Option<ForceReleasePolicy>,
 }
 
 impl Default for DistributedLockSpec {
@@ -136,6 +171,7 @@ impl Default for DistributedLockSpec {
             fairness: Fairness::default(),
             max_hold_seconds: None,
             clients: Vec::new(),
+            force_release: None,
         }
     }
 }
@@ -174,6 +210,15 @@ pub struct DistributedLockStatus {
     /// The latest forced release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_force_release: Option<ForceRelease>,
+    /// How many approvals a force release of this lock needs, as the controller applies
+    /// it (`spec.forceRelease.approvals`, else the controller's default). 0: the
+    /// `leasehold.dev/force-release` annotation acts at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_release_approvals: Option<i32>,
+    /// The latest force-release happenings, oldest first (bounded): each request, each
+    /// approval or denial, and each outcome.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub force_release_history: Vec<ForceReleaseEntry>,
     /// `Held` and `Ready`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -258,13 +303,89 @@ pub struct ForceRelease {
     /// The token that was revoked, if the lock was held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_token: Option<i64>,
+    /// The ForceReleaseRequest carried out, if it came from one (else the annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// Who approved it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved_by: Vec<String>,
 }
 
-/// The CRD as YAML, as committed under `crds/`.
-pub fn crd_yaml() -> String {
-    let crd = DistributedLock::crd();
-    let body = serde_saphyr::to_string(&crd).expect("a CustomResourceDefinition always serializes");
+/// A claimant's announcement that it waits for a lock: one per claimant and lock, named
+/// `<lock>.<pod-uid>` for a claimant in a Pod and `<lock>.<suffix>` (`suffix` starting
+/// with `u-`) for any other, refreshed while it waits. The controller serves claims in
+/// creation order and drops those not refreshed within their TTL.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "leasehold.dev",
+    version = "v1alpha1",
+    kind = "LockClaim",
+    plural = "lockclaims",
+    namespaced,
+    shortname = "lclaim",
+    category = "leasehold",
+    derive = "PartialEq",
+    doc = "A claimant waiting for a DistributedLock (one per claimant and lock).",
+    printcolumn(name = "Lock", type_ = "string", json_path = ".spec.lock"),
+    printcolumn(name = "Claimant", type_ = "string", json_path = ".spec.claimant"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name.startsWith(self.spec.lock + '.')")
+        .message("metadata.name must be <spec.lock>.<pod-uid> or <spec.lock>.u-<suffix>")
+)]
+#[x_kube(validation = Rule::new("self.lock == oldSelf.lock").message("spec.lock is immutable").field_path(".lock"))]
+#[x_kube(validation = Rule::new("self.claimant == oldSelf.claimant")
+    .message("spec.claimant is immutable")
+    .field_path(".claimant"))]
+#[x_kube(validation = Rule::new("has(self.pod) == has(oldSelf.pod) && (!has(self.pod) || self.pod == oldSelf.pod)")
+    .message("spec.pod is immutable")
+    .field_path(".pod"))]
+#[x_kube(validation = Rule::new("self.requestTime == oldSelf.requestTime")
+    .message("spec.requestTime is immutable")
+    .field_path(".requestTime"))]
+#[serde(rename_all = "camelCase")]
+pub struct LockClaimSpec {
+    /// The DistributedLock claimed (in the claim's namespace).
+    #[schemars(length(min = 1, max = 63))]
+    pub lock: String,
+    /// The claimant identity: `<pod>_<pod-uid>` for a Pod, else `<username>/<suffix>`.
+    #[schemars(length(min = 1, max = 512))]
+    pub claimant: String,
+    /// The claimant's Pod, when it runs in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub pod: Option<String>,
+    /// When the claimant claimed, on its own clock: orders claims created within the same
+    /// second (clamped into that second).
+    pub request_time: MicroTime,
+    /// The claimant's latest refresh, on its own clock (the controller judges staleness by
+    /// when it sees this change, on its own clock).
+    pub renew_time: MicroTime,
+    /// How long the claim lives without a refresh before the controller drops it. The
+    /// controller caps it at `max(3 x leaseDurationSeconds, 30)`.
+    #[schemars(range(min = 1, max = 3600))]
+    pub ttl_seconds: i32,
+}
+
+fn to_yaml(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> String {
+    let body = serde_saphyr::to_string(crd).expect("a CustomResourceDefinition always serializes");
     format!("# Generated by `leasehold crd`; do not edit. `make verify` checks it.\n{body}")
+}
+
+/// The DistributedLock CRD as YAML, as committed under `crds/`.
+pub fn crd_yaml() -> String {
+    to_yaml(&DistributedLock::crd())
+}
+
+/// The LockClaim CRD as YAML, as committed under `crds/`.
+pub fn lock_claim_crd_yaml() -> String {
+    to_yaml(&LockClaim::crd())
+}
+
+/// The ForceReleaseRequest CRD as YAML, as committed under `crds/`.
+pub fn force_release_request_crd_yaml() -> String {
+    to_yaml(&ForceReleaseRequest::crd())
 }
 
 #[cfg(test)]
@@ -275,10 +396,39 @@ mod tests {
     #[test]
     fn committed_crd_matches_code() {
         let committed = include_str!("../crds/leasehold.dev_distributedlocks.yaml");
+        assert!(committed == crd_yaml(), "crds/leasehold.dev_distributedlocks.yaml is stale: run `make generate`");
+    }
+
+    #[test]
+    fn committed_lock_claim_crd_matches_code() {
+        let committed = include_str!("../crds/leasehold.dev_lockclaims.yaml");
+        assert!(committed == lock_claim_crd_yaml(), "crds/leasehold.dev_lockclaims.yaml is stale: run `make generate`");
+    }
+
+    #[test]
+    fn committed_force_release_request_crd_matches_code() {
+        let committed = include_str!("../crds/leasehold.dev_forcereleaserequests.yaml");
         assert!(
-            committed == crd_yaml(),
-            "crds/leasehold.dev_distributedlocks.yaml is stale: run `make generate` (cargo run -- crd > crds/leasehold.dev_distributedlocks.yaml)"
+            committed == force_release_request_crd_yaml(),
+            "crds/leasehold.dev_forcereleaserequests.yaml is stale: run `make generate`"
         );
+    }
+
+    #[test]
+    fn lock_claim_schema_carries_rules_and_columns() {
+        let crd = serde_json::to_string(&LockClaim::crd()).expect("serializes");
+        for needle in [
+            "self.metadata.name.startsWith(self.spec.lock + '.')",
+            "self.lock == oldSelf.lock",
+            "self.claimant == oldSelf.claimant",
+            "self.requestTime == oldSelf.requestTime",
+            "has(self.pod) == has(oldSelf.pod)",
+            "\"lclaim\"",
+            "\"lockclaims\"",
+            ".spec.claimant",
+        ] {
+            assert!(crd.contains(needle), "LockClaim CRD lacks {needle}");
+        }
     }
 
     #[test]

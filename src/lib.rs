@@ -8,21 +8,26 @@
 //!
 //! Modules:
 //! - [`crd`]: the DistributedLock resource and the shared label/annotation names;
+//!   [`crd_force`]: ForceReleaseRequests and the per-lock force-release policy;
 //! - [`lease`]: identities, token minting, timing, CAS Lease access, leader election;
 //! - [`claim`]: the claimant API (claim, wait, confirm, renew, release);
 //! - [`controller`]: the arbiter;
 //! - [`sidecar`]: the local lock API in app pods; [`run`]: `leasehold run`;
 //! - [`webhook`]: admission (sidecar injection, fenced objects, force release);
 //! - [`metrics`], [`telemetry`], [`admin`]: observability and the admin HTTP server.
+//! - [`boottime`]: `CLOCK_BOOTTIME` (counts suspensions) for the holder side's deadlines.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod boottime;
+pub mod check;
 pub mod claim;
 pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod crd_docs;
+pub mod crd_force;
 pub mod kube_client;
 pub mod lease;
 pub mod metrics;

@@ -27,15 +27,31 @@ enum Command {
     Sidecar(leasehold::sidecar::Config),
     /// Run a command while holding a lock.
     Run(leasehold::run::Config),
-    /// Revoke a lock's current hold, audited: `release <namespace>/<name> --force --reason "..."`.
+    /// Started by `run`: starts the command and answers for its process tree.
+    #[command(hide = true)]
+    RunGuard(leasehold::run::guard::Config),
+    /// Revoke a lock's current hold, audited: `release <namespace>/<name> --force --reason "..."`
+    /// (a ForceReleaseRequest where the lock's policy needs approvals).
     Release(leasehold::cli::Release),
-    /// Print the DistributedLock CustomResourceDefinition (YAML), or its reference (Markdown).
+    /// Approve a force-release request (another person's): `approve <namespace>/<request>`.
+    Approve(leasehold::cli::request::Approve),
+    /// Deny a force-release request: `deny <namespace>/<request> --reason "..."`.
+    Deny(leasehold::cli::request::Deny),
+    /// Check an installation: Kubernetes version, CRDs, webhook certificates, and that the
+    /// API server reaches every webhook (dry-run probes). The chart runs it as `helm test`.
+    Check(leasehold::check::Config),
+    /// Print the CustomResourceDefinitions (YAML), or their reference (Markdown).
     Crd {
-        /// `yaml` (the CRD) or `markdown` (the field reference in docs/).
+        /// `yaml` (the CRDs) or `markdown` (the field reference in docs/, covering both).
         #[arg(long, default_value = "yaml", value_parser = ["yaml", "markdown"])]
         format: String,
+        /// Which CRD to print as YAML: `distributedlock`, `lockclaim`,
+        /// `forcereleaserequest`, or `all` (every one, as one YAML stream).
+        #[arg(long, default_value = "all", value_parser = ["all", "distributedlock", "lockclaim", "forcereleaserequest"])]
+        kind: String,
     },
-    /// Print the Lease guard ValidatingAdmissionPolicy and binding as YAML.
+    /// Print the guard (the lock Lease and LockClaim ValidatingAdmissionPolicies and their
+    /// bindings) as YAML.
     LeaseGuard {
         /// The controller's user name, exempt from the guard.
         #[arg(long, default_value = "system:serviceaccount:leasehold-system:leasehold-controller")]
@@ -62,6 +78,21 @@ fn on_signal(token: CancellationToken) {
     });
 }
 
+/// Runs an operator command: its message on stdout, or its error on stderr and exit 1.
+fn one_shot(name: &str, command: impl std::future::Future<Output = anyhow::Result<String>>) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match runtime.block_on(command) {
+        Ok(message) => {
+            println!("{message}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("leasehold {name}: {e:#}");
+            std::process::exit(1)
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
@@ -69,23 +100,41 @@ fn main() -> anyhow::Result<()> {
             print!("{}", leasehold::webhook::guard::manifests(&controller_user));
             Ok(())
         }
-        Command::Release(args) => {
+        Command::Release(args) => one_shot("release", leasehold::cli::release(args)),
+        Command::Approve(args) => one_shot("approve", leasehold::cli::request::approve(args)),
+        Command::Deny(args) => one_shot("deny", leasehold::cli::request::deny(args)),
+        Command::Check(config) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            match runtime.block_on(leasehold::cli::release(args)) {
-                Ok(message) => {
-                    println!("{message}");
+            match runtime.block_on(leasehold::check::run(&config)) {
+                Ok(findings) => {
+                    for finding in &findings {
+                        println!("{finding}");
+                    }
+                    let failed = findings.iter().filter(|f| !f.ok).count();
+                    if failed > 0 {
+                        eprintln!("leasehold check: {failed} of {} checks failed", findings.len());
+                        std::process::exit(1)
+                    }
                     Ok(())
                 }
                 Err(e) => {
-                    eprintln!("leasehold release: {e:#}");
+                    eprintln!("leasehold check: {e:#}");
                     std::process::exit(1)
                 }
             }
         }
-        Command::Crd { format } => {
-            match format.as_str() {
-                "markdown" => print!("{}", leasehold::crd_docs::reference()),
-                _ => print!("{}", leasehold::crd::crd_yaml()),
+        Command::Crd { format, kind } => {
+            match (format.as_str(), kind.as_str()) {
+                ("markdown", _) => print!("{}", leasehold::crd_docs::reference()),
+                (_, "distributedlock") => print!("{}", leasehold::crd::crd_yaml()),
+                (_, "lockclaim") => print!("{}", leasehold::crd::lock_claim_crd_yaml()),
+                (_, "forcereleaserequest") => print!("{}", leasehold::crd::force_release_request_crd_yaml()),
+                _ => print!(
+                    "{}---\n{}---\n{}",
+                    leasehold::crd::crd_yaml(),
+                    leasehold::crd::lock_claim_crd_yaml(),
+                    leasehold::crd::force_release_request_crd_yaml()
+                ),
             }
             Ok(())
         }
@@ -107,6 +156,13 @@ fn main() -> anyhow::Result<()> {
                 on_signal(shutdown.clone());
                 leasehold::run::run(config, shutdown).await
             })?;
+            std::process::exit(code)
+        }
+        Command::RunGuard(config) => {
+            // No logging setup: the command owns the terminal; the guard speaks only to
+            // say why it stops the command.
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let code = runtime.block_on(leasehold::run::guard::run(config));
             std::process::exit(code)
         }
         Command::Controller(config) => {
@@ -131,6 +187,28 @@ mod tests {
     fn command_line_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// The binary, the chart and its image are released as one version, under the licence
+    /// Cargo declares, and the changelog has an entry for it.
+    #[test]
+    fn the_crate_the_chart_the_licence_and_the_changelog_agree() {
+        let chart = include_str!("../charts/leasehold/Chart.yaml");
+        let field = |name: &str| {
+            chart
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().trim_matches('"').to_owned())
+                .unwrap_or_else(|| panic!("Chart.yaml has no {name}"))
+        };
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(field("version:"), version, "the chart's version is the crate's");
+        assert_eq!(field("appVersion:"), version, "the chart's appVersion is the crate's");
+        assert_eq!(env!("CARGO_PKG_LICENSE"), "Apache-2.0");
+        let licence = include_str!("../LICENSE");
+        assert!(licence.contains("Apache License") && licence.contains("Version 2.0, January 2004"), "LICENSE");
+        let changelog = include_str!("../CHANGELOG.md");
+        assert!(changelog.contains(&format!("## [{version}]")), "CHANGELOG.md has no entry for {version}");
     }
 
     /// Every `make` target and `leasehold` subcommand the README names exists.

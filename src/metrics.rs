@@ -30,6 +30,8 @@ pub enum RevokeReason {
     MaxHold,
     /// An operator forced it.
     Forced,
+    /// The DistributedLock is being deleted.
+    LockDeleted,
 }
 
 /// Label set for revocations.
@@ -44,6 +46,14 @@ pub struct ReasonLabel {
 pub struct CategoryLabel {
     /// Error category, from each error type's `category()`.
     pub category: String,
+}
+
+/// Label set for force-release request outcomes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `executed`, `denied`, `expired`, `superseded`, or `refused` (the annotation while
+    /// the lock's policy needs approvals).
+    pub outcome: String,
 }
 
 /// The controller's metrics.
@@ -68,6 +78,8 @@ pub struct ControllerMetrics {
     pub reconcile_errors: Family<CategoryLabel, Counter>,
     /// 1 while this replica leads.
     pub leader: Gauge,
+    /// Force-release requests ended, by outcome.
+    pub force_release_requests: Family<OutcomeLabel, Counter>,
 }
 
 impl ControllerMetrics {
@@ -84,6 +96,7 @@ impl ControllerMetrics {
             reconcile_seconds: Histogram::new(latency_buckets()),
             reconcile_errors: Family::default(),
             leader: Gauge::default(),
+            force_release_requests: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("leasehold_controller");
         r.register("grants", "Holds granted", m.grants.clone());
@@ -100,6 +113,11 @@ impl ControllerMetrics {
         r.register("reconcile_seconds", "Reconcile duration", m.reconcile_seconds.clone());
         r.register("reconcile_errors", "Reconcile errors by category", m.reconcile_errors.clone());
         r.register("leader", "1 while this replica leads", m.leader.clone());
+        r.register(
+            "force_release_requests",
+            "Force-release requests ended, by outcome",
+            m.force_release_requests.clone(),
+        );
         Arc::new(m)
     }
 }
@@ -116,6 +134,9 @@ pub struct ClientMetrics {
     pub lost: Counter,
     /// Holds currently held.
     pub held: Gauge,
+    /// Apiserver requests tried again after a passing failure (busy, failing, unreachable):
+    /// an acquisition's setup, or the clearing of a released hold.
+    pub apiserver_retries: Counter,
 }
 
 impl ClientMetrics {
@@ -128,6 +149,11 @@ impl ClientMetrics {
         r.register("renew_failures", "Renewal attempts that failed without losing the hold", m.renew_failures.clone());
         r.register("lost", "Holds lost", m.lost.clone());
         r.register("held", "Holds currently held", m.held.clone());
+        r.register(
+            "apiserver_retries",
+            "Apiserver requests tried again after a passing failure (429, 5xx, unreachable)",
+            m.apiserver_retries.clone(),
+        );
         Arc::new(m)
     }
 
@@ -138,6 +164,7 @@ impl ClientMetrics {
             renew_failures: Counter::default(),
             lost: Counter::default(),
             held: Gauge::default(),
+            apiserver_retries: Counter::default(),
         }
     }
 
@@ -180,7 +207,7 @@ mod tests {
         for family in families {
             assert!(doc.contains(&format!("`{family}")), "docs/metrics.md does not document {family}");
         }
-        for reason in crate::controller::reconcile::EVENT_REASONS {
+        for reason in crate::controller::events::EVENT_REASONS {
             assert!(doc.contains(&format!("| `{reason}` |")), "docs/metrics.md does not document the Event {reason}");
         }
     }

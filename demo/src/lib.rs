@@ -8,6 +8,7 @@
 //! section: the lease expires, the next worker gets a higher token, and when the frozen
 //! worker wakes up and writes with its old token, the database rejects the write.
 
+pub mod cluster;
 pub mod http;
 pub mod setup;
 pub mod workers;

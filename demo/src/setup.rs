@@ -39,7 +39,11 @@ fn run(command: &mut Command, what: &str) -> anyhow::Result<String> {
 /// ServiceAccount name.
 pub fn install_chart(cp: &ControlPlane, helm: &Path, chart: &Path) -> anyhow::Result<String> {
     let rendered = run(
-        Command::new(helm).args(["template", "leasehold"]).arg(chart).args(["--namespace", RELEASE_NAMESPACE]),
+        // Without the `helm test` hook, whose ServiceAccount is not the controller's.
+        Command::new(helm)
+            .args(["template", "leasehold", "--skip-tests"])
+            .arg(chart)
+            .args(["--namespace", RELEASE_NAMESPACE]),
         "helm template",
     )?;
     let mut keep = Vec::new();
@@ -77,6 +81,7 @@ pub fn install_chart(cp: &ControlPlane, helm: &Path, chart: &Path) -> anyhow::Re
             "wait",
             "--for=condition=Established",
             "crd/distributedlocks.leasehold.dev",
+            "crd/lockclaims.leasehold.dev",
             "--timeout=60s",
         ]),
         "kubectl wait",
@@ -157,7 +162,7 @@ pub async fn stage(cp: &ControlPlane, stock: i64) -> anyhow::Result<Stage> {
 }
 
 /// The decrement every worker runs under the lock: applied only with a token at least the
-/// highest one seen (the seed's inventory case).
+/// highest one seen (the inventory guide's case).
 pub const DECREMENT: &str = "UPDATE inventory SET stock = stock - 1, token = $1 WHERE item = 'widget' AND stock > 0 AND token <= $1 RETURNING stock";
 
 /// Waits (by polling a condition with a deadline) until `process` serves `/healthz` at `addr`.

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds the test control plane (kube-apiserver, etcd, kubectl, kube-controller-manager)
-# from Go modules at the release pinned in go.mod, into a cache outside the repository:
+# and the node (kube-scheduler, kubelet, kube-proxy) from Go modules at the release pinned
+# in go.mod, into a cache outside the repository:
 #   ${LEASEHOLD_CACHE:-$HOME/.cache/leasehold}/controlplane/<version>/bin
+# With an argument (releases/<name>, a directory with a go.mod of its own pinning another
+# release, e.g. the oldest supported one), the control plane of that release only.
 # A binary is rebuilt only when missing. Prints the bin directory on success.
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/${1:-.}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
 version=$(awk '$1=="k8s.io/kubernetes" {print $2; exit}' go.mod)
@@ -33,4 +36,9 @@ build etcd go.etcd.io/etcd/server/v3 "-X go.etcd.io/etcd/api/v3/version.Version=
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$stamp"
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$stamp"
 build kubectl k8s.io/kubernetes/cmd/kubectl "$stamp"
+[ -n "${1:-}" ] && { echo "$bin"; exit 0; }
+# The node of e2e/node (after the control plane: they share most of the build cache).
+build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$stamp"
+build kubelet k8s.io/kubernetes/cmd/kubelet "$stamp"
+build kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$stamp"
 echo "$bin"

@@ -10,8 +10,12 @@
 //! needs the webhooks answered runs the controller as a local process and points the
 //! chart's webhook configurations at it (see `rbac.rs`).
 
+mod check;
 mod cluster;
 pub mod helm;
 mod install;
+mod package;
+mod platform;
 mod rbac;
 mod render;
+mod roles;

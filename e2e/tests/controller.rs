@@ -1,13 +1,13 @@
 //! The controller against the real control plane: FIFO grants with increasing tokens,
-//! expiry judged on its own clock (never early), Pod deletion, restarts, HA, conflicts,
-//! schema validation, and quiet status.
+//! expiry judged on its own clock (never early), restarts, HA, conflicts, schema
+//! validation, and quiet status. Revocations that drain are in `drain.rs`; the lock
+//! Lease's ownership and tokens in `lease.rs`.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::core::ApiResource;
 use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::claim::edit;
-use leasehold::crd::{DistributedLock, DistributedLockSpec};
+use leasehold::crd::{DistributedLock, DistributedLockSpec, LockClaim};
 use serde_json::json;
 
 use crate::support::watch::{GrantLog, until};
@@ -45,8 +45,9 @@ pub struct ManualClaimant<'a> {
 impl<'a> ManualClaimant<'a> {
     pub async fn claim(pod: &'a TestPod, namespace: &str, lock: &str) -> ManualClaimant<'a> {
         let leases: Api<Lease> = Api::namespaced(pod.client.clone(), namespace);
-        let claim = edit::claim_lease(lock, &pod.identity(), 45, Timestamp::now());
-        leases.create(&PostParams::default(), &claim).await.expect("create the claim");
+        let claims: Api<LockClaim> = Api::namespaced(pod.client.clone(), namespace);
+        let claim = edit::lock_claim(lock, &pod.identity(), 45, Timestamp::now());
+        claims.create(&PostParams::default(), &claim).await.expect("create the claim");
         ManualClaimant { pod, leases }
     }
 
@@ -87,7 +88,7 @@ async fn three_claimants_are_granted_in_claim_order_with_increasing_tokens() {
     // b then c claim, in that order: c starts only once b's claim exists.
     let claimant_b = b.claimant(env.name());
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(60)).await });
-    until(&env.leases(), &b.identity().claim_name(LOCK), WAIT, "b's claim", |_| true).await;
+    until(&env.claims(), &b.identity().claim_name(LOCK), WAIT, "b's claim", |_| true).await;
     let claimant_c = c.claimant(env.name());
     let waiting_c = tokio::spawn(async move { claimant_c.acquire(LOCK, Duration::from_secs(60)).await });
 
@@ -165,41 +166,6 @@ async fn a_holder_that_stops_renewing_expires_after_lease_duration_and_not_befor
 }
 
 #[tokio::test]
-async fn deleting_the_holders_pod_releases_within_two_seconds() {
-    let env = Env::new("podgone").await;
-    let _controller = env.controller(&["--leader-elect=false"]).await;
-    env.lock(LOCK, DistributedLockSpec::default()).await;
-    let (a, b) = (env.pod("a").await, env.pod("b").await);
-    env.wait_claim_rbac(&a).await;
-    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
-    let claimant_b = b.claimant(env.name());
-    let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(60)).await });
-    until(&env.locks(), LOCK, WAIT, "b waiting", |l: &DistributedLock| {
-        l.status.as_ref().is_some_and(|s| s.queue_length == 1)
-    })
-    .await;
-
-    let pods: Api<Pod> = Api::namespaced(env.ns.client.clone(), env.name());
-    let deleted = Instant::now();
-    pods.delete("a", &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
-        .await
-        .expect("delete pod a");
-    let b_id = b.identity().id;
-    until(&env.leases(), LOCK, Duration::from_secs(10), "the lock to leave a", |l: &Lease| {
-        edit::holder(l) != Some(a.identity().id.as_str())
-    })
-    .await;
-    let released_after = deleted.elapsed();
-    assert!(released_after < Duration::from_secs(2), "released {released_after:?} after the pod was deleted");
-    let hold_b = waiting_b.await.expect("join").expect("b is granted");
-    assert!(hold_b.token() > hold_a.token());
-    let lease = env.leases().get(LOCK).await.expect("lease");
-    assert_eq!(edit::holder(&lease), Some(b_id.as_str()));
-    drop(hold_a);
-    hold_b.release().await;
-}
-
-#[tokio::test]
 async fn a_restarted_controller_keeps_tokens_queue_order_and_never_expires_early() {
     let env = Env::new("restart").await;
     let mut controller = env.controller(&["--leader-elect=false"]).await;
@@ -212,10 +178,10 @@ async fn a_restarted_controller_keeps_tokens_queue_order_and_never_expires_early
     let (token_a, _) = manual.confirm(LOCK).await;
     let claimant_b = b.claimant(env.name());
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(60)).await });
-    until(&env.leases(), &b.identity().claim_name(LOCK), WAIT, "b's claim", |_| true).await;
+    until(&env.claims(), &b.identity().claim_name(LOCK), WAIT, "b's claim", |_| true).await;
     let claimant_c = c.claimant(env.name());
     let waiting_c = tokio::spawn(async move { claimant_c.acquire(LOCK, Duration::from_secs(60)).await });
-    until(&env.leases(), &c.identity().claim_name(LOCK), WAIT, "c's claim", |_| true).await;
+    until(&env.claims(), &c.identity().claim_name(LOCK), WAIT, "c's claim", |_| true).await;
 
     // Mid-hold (a stopped renewing but is not yet expired) and mid-queue.
     controller.kill();
@@ -483,4 +449,89 @@ async fn only_the_locks_clients_are_granted() {
     hold.release().await;
     let open = b.claimant(env.name()).acquire("open", WAIT).await.expect("b may hold the open lock");
     open.release().await;
+}
+
+#[tokio::test]
+async fn lock_claims_are_validated_by_the_apiserver() {
+    let env = Env::new("claim-schema").await;
+    let resource = ApiResource::erase::<leasehold::crd::LockClaim>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(env.ns.client.clone(), env.name(), &resource);
+    let claim = |name: &str, spec: serde_json::Value| {
+        let mut object = DynamicObject::new(name, &resource);
+        object.data = json!({"spec": spec});
+        object
+    };
+    let good = json!({"lock": LOCK, "claimant": "u/u-host-1", "requestTime": "2026-11-30T10:00:05.250000Z",
+                      "renewTime": "2026-11-30T10:00:05.250000Z", "ttlSeconds": 45});
+    let mut bad_ttl = good.clone();
+    bad_ttl["ttlSeconds"] = json!(0);
+    let mut no_lock = good.clone();
+    no_lock.as_object_mut().expect("object").remove("lock");
+    let cases = [
+        ("other.u-host-1", good.clone(), "metadata.name must be <spec.lock>.<pod-uid> or <spec.lock>.u-<suffix>"),
+        ("orders.u-host-1", bad_ttl, "spec.ttlSeconds"),
+        ("orders.u-host-1", no_lock, "spec.lock"),
+    ];
+    for (name, spec, expected) in cases {
+        match api.create(&PostParams::default(), &claim(name, spec.clone())).await {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{name}: {}", status.message);
+                assert!(status.message.contains(expected), "{name}: {:?} does not name {expected:?}", status.message);
+            }
+            other => panic!("{name} with {spec} was accepted: {other:?}"),
+        }
+    }
+    let created =
+        api.create(&PostParams::default(), &claim("orders.u-host-1", good.clone())).await.expect("a valid claim");
+    // A refresh may change renewTime and ttlSeconds; lock, claimant, pod and requestTime never change.
+    let mut refreshed = created.clone();
+    refreshed.data["spec"]["renewTime"] = json!("2026-11-30T10:00:20.000000Z");
+    refreshed.data["spec"]["ttlSeconds"] = json!(30);
+    let refreshed = api.replace("orders.u-host-1", &PostParams::default(), &refreshed).await.expect("a refresh");
+    for (field, value) in
+        [("claimant", json!("u/u-host-2")), ("requestTime", json!("2026-11-30T09:00:00.000000Z")), ("pod", json!("p"))]
+    {
+        let mut changed = refreshed.clone();
+        changed.data["spec"][field] = value;
+        match api.replace("orders.u-host-1", &PostParams::default(), &changed).await {
+            Err(kube::Error::Api(status)) => {
+                assert!(status.message.contains(&format!("spec.{field} is immutable")), "{field}: {}", status.message)
+            }
+            other => panic!("changing spec.{field} was accepted: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_claim_never_refreshed_is_dropped_after_the_capped_ttl_whatever_it_asks() {
+    let env = Env::new("claim-ttl").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, fast()).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let hold = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a holds");
+
+    // b claims asking to live an hour, and is never heard of again. The controller caps a
+    // claim's life at max(3 x leaseDuration, 30 s): 30 s here.
+    let claims: Api<LockClaim> = Api::namespaced(b.client.clone(), env.name());
+    let claim = edit::lock_claim(LOCK, &b.identity(), 3600, Timestamp::now());
+    let created_at = Instant::now();
+    let created = claims.create(&PostParams::default(), &claim).await.expect("b's claim");
+    until(&env.locks(), LOCK, WAIT, "b waiting", |l: &DistributedLock| {
+        l.status.as_ref().is_some_and(|s| s.queue_length == 1)
+    })
+    .await;
+    crate::support::watch::until_gone(&env.claims(), &created.name_any(), Duration::from_secs(60), "b's claim dropped")
+        .await;
+    assert!(
+        created_at.elapsed() >= Duration::from_secs(30),
+        "dropped after {:?}, before its TTL",
+        created_at.elapsed()
+    );
+    until(&env.locks(), LOCK, WAIT, "nobody waiting", |l: &DistributedLock| {
+        l.status.as_ref().is_some_and(|s| s.queue_length == 0)
+    })
+    .await;
+    assert!(hold.is_held());
+    hold.release().await;
 }

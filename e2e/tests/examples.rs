@@ -9,7 +9,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, PostParams};
 use leasehold_harness::{Postgres, eventually};
-use serde_json::Value;
 
 use crate::support::{Env, LeaseholdProcess, free_port, leasehold_bin};
 
@@ -95,7 +94,7 @@ fn sidecar_from_injected(env: &Env, pod: &Pod, dir: &Path, token: &str) -> (Comm
 }
 
 #[tokio::test]
-async fn leader_election_example_holds_for_life_and_readiness_follows() {
+async fn leader_election_example_elects_one_leader_and_every_replica_turns_ready() {
     let env = Env::new("ex-leader").await;
     let _controller = env.webhook_controller(None, &[]).await;
     apply(&env, "leader-election");
@@ -133,32 +132,50 @@ async fn leader_election_example_holds_for_life_and_readiness_follows() {
             pod.metadata.name.clone().unwrap_or_default(),
         ));
     }
-    let ready = |s: &LeaseholdProcess| {
-        let addr = s.admin;
-        async move { matches!(crate::support::http_get(addr, "/readyz").await, Some((200, _))) }
+    // Every replica turns ready (so a rollout completes); the leader is the one whose
+    // hold file the example's own check (holding.sh, mounted into the app) accepts.
+    let check = example("leader-election").join("holding.sh");
+    let configmaps: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
+    let mounted = configmaps.get("leader-check").await.expect("the check's ConfigMap").data.expect("data");
+    assert_eq!(mounted["holding.sh"], std::fs::read_to_string(&check).expect("holding.sh"));
+    // The guide shows the very function the example mounts and this test runs.
+    let script = std::fs::read_to_string(&check).expect("holding.sh");
+    let function = &script[script.find("leasehold_holding() {").expect("the function")..];
+    let guide = include_str!("../../docs/guides/leader-election.md");
+    assert!(guide.contains(function.trim_end()), "docs/guides/leader-election.md differs from holding.sh");
+    let holding = |name: &str| {
+        let file = dir.join(format!("hold-{name}.json"));
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(". \"$1\" && leasehold_holding && echo \"$LEASEHOLD_TOKEN\"")
+            .arg("sh")
+            .arg(&check)
+            .env("LEASEHOLD_HOLD_FILE", file)
+            .output()
+            .expect("sh");
+        status.status.success().then(|| String::from_utf8_lossy(&status.stdout).trim().parse::<i64>().expect("token"))
     };
-    let leader = eventually("one sidecar ready (holding)", Duration::from_secs(30), || async {
-        let (a, b) = (ready(&sidecars[0].0).await, ready(&sidecars[1].0).await);
-        match (a, b) {
-            (true, false) => Ok(0),
-            (false, true) => Ok(1),
+    for (sidecar, _) in &sidecars {
+        sidecar.wait_ready().await;
+    }
+    let (leader, first) = eventually("one leader by the hold files", Duration::from_secs(30), || async {
+        match (holding(&sidecars[0].1), holding(&sidecars[1].1)) {
+            (Some(token), None) => Ok((0, token)),
+            (None, Some(token)) => Ok((1, token)),
             other => Err(format!("{other:?}")),
         }
     })
     .await;
-    let file = dir.join(format!("hold-{}.json", sidecars[leader].1));
-    let record: Value = serde_json::from_str(&std::fs::read_to_string(&file).expect("hold file")).expect("json");
-    let first = record["fencingToken"].as_i64().expect("token");
 
-    sidecars[leader].0.terminate(Duration::from_secs(10)).await;
+    sidecars[leader].0.terminate(Duration::from_secs(30)).await;
     let other = 1 - leader;
-    eventually("the other sidecar takes over", Duration::from_secs(30), || async {
-        if ready(&sidecars[other].0).await { Ok(()) } else { Err("not yet") }
+    assert_eq!(holding(&sidecars[leader].1), None, "the terminated leader's file still vouches");
+    let next = eventually("the other replica takes over", Duration::from_secs(30), || async {
+        holding(&sidecars[other].1).ok_or("not yet")
     })
     .await;
-    let file = dir.join(format!("hold-{}.json", sidecars[other].1));
-    let record: Value = serde_json::from_str(&std::fs::read_to_string(&file).expect("hold file")).expect("json");
-    assert!(record["fencingToken"].as_i64().expect("token") > first);
+    assert!(next > first, "{next} after {first}");
+    assert!(matches!(crate::support::http_get(sidecars[other].0.admin, "/readyz").await, Some((200, _))));
 }
 
 #[tokio::test]
@@ -262,8 +279,32 @@ async fn inventory_example_never_oversells_and_rejects_a_stale_holder() {
     assert_eq!(db.query(&take, &[&fresh]).await.expect("decrement").len(), 1);
     assert!(db.query(&take, &[&stale]).await.expect("decrement").is_empty(), "the stale write must change nothing");
     sb.release("inventory").await;
+
+    // The window the token alone leaves open: a's old write landing before b's first write
+    // is applied, since nothing has told the row about b's token yet ...
+    let (_, held) = sa.acquire("inventory", 30.0).await;
+    let stale = held["fencingToken"].as_i64().expect("token");
+    sa.release("inventory").await;
+    let (_, held) = sb.acquire("inventory", 30.0).await;
+    let fresh = held["fencingToken"].as_i64().expect("token");
+    assert_eq!(db.query(&take, &[&stale]).await.expect("decrement").len(), 1, "before b writes, a's write lands");
+    sb.release("inventory").await;
+    // ... and how a new holder closes it: it pushes its token to the row before acting.
+    let fence = std::fs::read_to_string(example("inventory-postgres").join("fence.sql")).expect("sql");
+    let fence = db.prepare(&fence).await.expect("prepare the example's fence statement");
+    let (_, held) = sa.acquire("inventory", 30.0).await;
+    let stale = held["fencingToken"].as_i64().expect("token");
+    sa.release("inventory").await;
+    let (_, held) = sb.acquire("inventory", 30.0).await;
+    let fresh_b = held["fencingToken"].as_i64().expect("token");
+    assert!(fresh_b > fresh);
+    assert_eq!(db.query(&fence, &[&fresh_b]).await.expect("fence").len(), 1, "b raised the row's token");
+    assert!(db.query(&take, &[&stale]).await.expect("decrement").is_empty(), "a's late write after b's push");
+    assert_eq!(db.query(&take, &[&fresh_b]).await.expect("decrement").len(), 1);
+    assert!(db.query(&fence, &[&stale]).await.expect("fence").is_empty(), "a stale hold cannot fence");
+    sb.release("inventory").await;
     let stock: i64 = db.query_one("SELECT stock FROM inventory", &[]).await.expect("stock").get(0);
-    assert_eq!(stock, 100 - 11);
+    assert_eq!(stock, 100 - 13);
 }
 
 #[tokio::test]
@@ -329,4 +370,127 @@ async fn fenced_configmap_example_admits_the_holder_and_rejects_a_stale_writer()
         String::from_utf8_lossy(&output.stderr)
     );
     assert_eq!(cms.get("routing-table").await.expect("configmap").data.expect("data")["routes"], "v3");
+}
+
+/// Builds the Go worker of examples/session-worker (standard library only) into `dir`.
+fn build_go_worker(dir: &Path) -> PathBuf {
+    let binary = dir.join("session-worker-go");
+    let output = Command::new("go")
+        .args(["build", "-buildvcs=false", "-o"])
+        .arg(&binary)
+        .arg(".")
+        .current_dir(example("session-worker"))
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .output()
+        .expect("run go build");
+    assert!(output.status.success(), "go build: {}", String::from_utf8_lossy(&output.stderr));
+    binary
+}
+
+/// A session worker of the example, in `language`, against `sidecar`: LOCK SECONDS LOGFILE.
+fn session_worker(language: &str, go: &Path, sidecar: &crate::support::Sidecar, seconds: &str, log: &Path) -> Command {
+    let dir = example("session-worker");
+    let mut command = match language {
+        "python" => {
+            let mut c = Command::new("python3");
+            c.arg(dir.join("worker.py"));
+            c
+        }
+        "go" => Command::new(go),
+        _ => {
+            let mut c = Command::new("sh");
+            c.arg(dir.join("worker.sh"));
+            c
+        }
+    };
+    command.args(["reports", seconds]).arg(log).env("LEASEHOLD_URL", format!("http://{}", sidecar.api));
+    command
+}
+
+/// The (start, end) lines of a session-worker log: (token, nanoseconds) each.
+fn work_periods(log: &Path) -> Vec<(i64, u128, Option<u128>)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut periods: Vec<(i64, u128, Option<u128>)> = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (token, at) = (fields[1].parse().expect("token"), fields[2].parse().expect("ns"));
+        match fields[0] {
+            "start" => periods.push((token, at, None)),
+            _ => {
+                let open = periods.iter_mut().find(|p| p.0 == token).expect("a start before its end");
+                open.2 = Some(at);
+            }
+        }
+    }
+    periods
+}
+
+#[tokio::test]
+async fn session_worker_example_in_curl_go_and_python_takes_turns_and_a_killed_worker_lets_go() {
+    let env = Env::new("ex-session").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    apply(&env, "session-worker");
+    // The Deployment runs the Go worker this test builds and runs (on a real node too:
+    // e2e/node/tests/examples.rs).
+    let deployments: Api<Deployment> = Api::namespaced(env.ns.client.clone(), env.name());
+    let template = deployments.get("report-worker").await.expect("deployment").spec.expect("spec").template;
+    let command = template.spec.expect("a pod spec").containers[0].command.clone().unwrap_or_default().join(" ");
+    assert!(command.contains("session-worker reports"), "{command}");
+    let dir = env.log_dir();
+    let go = build_go_worker(&dir);
+    let (a, b, c) = (env.pod("a").await, env.pod("b").await, env.pod("c").await);
+    env.wait_claim_rbac(&a).await;
+    let (sa, sb, sc) = (env.sidecar(&a, &[]).await, env.sidecar(&b, &[]).await, env.sidecar(&c, &[]).await);
+
+    // The three workers at once: one at a time, tokens increasing, each ends cleanly.
+    let log = dir.join("turns.log");
+    let mut runs = Vec::new();
+    for (language, sidecar) in [("python", &sa), ("go", &sb), ("curl", &sc)] {
+        let mut command = tokio::process::Command::from(session_worker(language, &go, sidecar, "0.3", &log));
+        command.kill_on_drop(true).stderr(std::process::Stdio::piped());
+        runs.push((language, command.spawn().expect("start a worker")));
+    }
+    for (language, run) in runs {
+        let output =
+            tokio::time::timeout(Duration::from_secs(90), run.wait_with_output()).await.expect("in time").expect("run");
+        assert!(output.status.success(), "{language}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let periods = work_periods(&log);
+    assert_eq!(periods.len(), 3, "{periods:?}");
+    let mut sorted = periods.clone();
+    sorted.sort_by_key(|p| p.1);
+    for pair in sorted.windows(2) {
+        let (first, next) = (&pair[0], &pair[1]);
+        assert!(next.0 > first.0, "tokens do not increase: {sorted:?}");
+        assert!(next.1 >= first.2.expect("ended"), "two workers overlapped: {sorted:?}");
+    }
+
+    // A worker killed mid-work lets go: the next one (Go) is granted and works.
+    let log = dir.join("kill.log");
+    let victim = leasehold_harness::Supervised::spawn(
+        "python-victim",
+        session_worker("python", &go, &sa, "600", &log),
+        &dir.join("python-victim.log"),
+    )
+    .expect("start the Python worker");
+    let victim_token = eventually("the Python worker works", Duration::from_secs(60), || async {
+        work_periods(&log).first().map(|p| p.0).ok_or_else(|| victim.log_tail(5))
+    })
+    .await;
+    let mut next = tokio::process::Command::from(session_worker("go", &go, &sb, "0.2", &log));
+    next.kill_on_drop(true).stderr(std::process::Stdio::piped());
+    let next = next.spawn().expect("start the Go worker");
+    eventually("the Go worker waits for the lock", Duration::from_secs(30), || async {
+        let view = sb.view("reports").await;
+        if view["state"] == "waiting" { Ok(()) } else { Err(view.to_string()) }
+    })
+    .await;
+    victim.kill_and_reap();
+    let output =
+        tokio::time::timeout(Duration::from_secs(90), next.wait_with_output()).await.expect("in time").expect("run");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let periods = work_periods(&log);
+    assert_eq!(periods.len(), 2, "{periods:?}");
+    assert!(periods[1].0 > victim_token && periods[1].2.is_some(), "{periods:?}");
 }

@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::controller::fast;
 use crate::support::watch::until;
 use crate::support::{Env, Sidecar, leasehold_bin};
+use leasehold_harness::Fault;
 
 const LOCK: &str = "orders";
 
@@ -174,24 +175,99 @@ async fn holds_survive_a_controller_outage_and_nothing_is_granted_meanwhile() {
 }
 
 #[tokio::test]
-async fn sigterm_releases_within_a_second_and_the_waiter_is_granted() {
-    let (env, _controller) = setup("sc-sigterm", DistributedLockSpec::default()).await;
+async fn sigterm_reports_the_hold_lost_at_once_and_hands_it_over_only_once_the_app_can_no_longer_believe() {
+    let (env, _controller) = setup("sc-sigterm", fast()).await;
     let (a, b) = (env.pod("a").await, env.pod("b").await);
     env.wait_claim_rbac(&a).await;
     let (mut sa, sb) = (env.sidecar(&a, &[]).await, env.sidecar(&b, &[]).await);
+
+    // An app that lets go when told: the lock moves on as soon as it released.
     let (status, held) = sa.acquire(LOCK, 30.0).await;
     assert_eq!(status, 200, "{held}");
+    let mut events = sa.events(LOCK).await;
     let waiting = acquire_later(&sb, 30.0);
     wait_local_waiting(&sb).await;
-
-    let signalled = Instant::now();
-    let code = sa.process.terminate(Duration::from_secs(10)).await;
+    sa.process.signal(libc::SIGTERM);
+    let lost = events.expect("lost", Duration::from_secs(10)).await;
+    assert_eq!(lost["fencingToken"], held["fencingToken"], "{lost}");
+    let (status, refused) = sa.acquire(LOCK, 1.0).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (503, Some("shutting_down")), "{refused}");
+    assert!(!waiting.is_finished(), "b was granted while a's app was still inside the time it was told");
+    let (status, released) = sa.release(LOCK).await;
+    assert_eq!(status, 200, "{released}");
     let (status, next) = waiting.await.expect("join");
-    let handed_over = signalled.elapsed();
     assert_eq!(status, 200, "{next}");
-    assert!(handed_over < Duration::from_secs(1), "the waiter was granted {handed_over:?} after SIGTERM");
-    assert_eq!(code, Some(0), "the sidecar exits cleanly after releasing");
     assert!(token_of(&next) > token_of(&held));
+    assert_eq!(sa.process.terminate(Duration::from_secs(10)).await, Some(0), "exits cleanly once given back");
+
+    // An app that never answers: the lock moves on only after the time it was told.
+    let mut sa = env.sidecar(&a, &[]).await;
+    let waiting = acquire_later(&sa, 30.0);
+    wait_local_waiting(&sa).await;
+    sb.release(LOCK).await;
+    let (status, held) = waiting.await.expect("join");
+    assert_eq!(status, 200, "{held}");
+    // Received after the sidecar sent it: a little later than the sidecar's own reckoning.
+    let remaining = jiff::SignedDuration::from_millis(held["remainingMs"].as_i64().expect("remainingMs"));
+    let told_until = jiff::Timestamp::now() + remaining;
+    let waiting = acquire_later(&sb, 30.0);
+    wait_local_waiting(&sb).await;
+    assert_eq!(sa.process.terminate(Duration::from_secs(10)).await, Some(0));
+    let (status, next) = waiting.await.expect("join");
+    assert_eq!(status, 200, "{next}");
+    let lease = env.leases().get(LOCK).await.expect("the lock Lease");
+    let granted_at = lease.spec.and_then(|s| s.acquire_time).expect("b's grant").0;
+    assert!(granted_at >= told_until, "b was granted at {granted_at}, before a's app stopped believing ({told_until})");
+    sb.release(LOCK).await;
+}
+
+#[tokio::test]
+async fn an_apiserver_blip_costs_an_acquire_time_not_failure_and_a_release_is_cleared_once_it_answers() {
+    let spec = DistributedLockSpec {
+        lease_duration_seconds: 30,
+        renew_deadline_seconds: 20,
+        retry_period_seconds: 2,
+        ..DistributedLockSpec::default()
+    };
+    let (env, _controller) = setup("sc-blip", spec).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let upstream: std::net::SocketAddr =
+        env.cp.server_url().trim_start_matches("https://").parse().expect("the apiserver's address");
+    let proxy = leasehold_harness::FaultProxy::start(upstream).expect("a fault proxy");
+    let server = format!("https://{}", proxy.addr());
+    let (sa, sb) = (env.sidecar_via(&a, Some(&server), &[]).await, env.sidecar(&b, &[]).await);
+
+    // An acquire sent while a's apiserver connection is down is tried again within its
+    // wait, not answered 502.
+    proxy.set(Fault::Drop);
+    let acquiring = acquire_later(&sa, 30.0);
+    leasehold_harness::eventually("a retry of the acquisition", Duration::from_secs(20), || async {
+        match sa.process.metric("leasehold_sidecar_apiserver_retries_total").await {
+            Some(n) if n >= 1.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    proxy.set(Fault::Pass);
+    let (status, held) = acquiring.await.expect("join");
+    assert_eq!(status, 200, "{held}");
+
+    // A release while the connection is down: the hold was valid when asked, and the
+    // holder is cleared once the apiserver answers again — b does not wait out a lease.
+    let waiting = acquire_later(&sb, 60.0);
+    wait_local_waiting(&sb).await;
+    proxy.set(Fault::Drop);
+    let (status, released) = sa.release(LOCK).await;
+    assert_eq!(status, 200, "{released}");
+    assert_eq!(released["wasHeld"], true, "{released}");
+    assert!(!waiting.is_finished(), "b granted while a's release could not reach the apiserver");
+    proxy.set(Fault::Pass);
+    let (status, next) = waiting.await.expect("join");
+    assert_eq!(status, 200, "{next}");
+    let lease = env.leases().get(LOCK).await.expect("the lock Lease");
+    let revoked = lease.metadata.annotations.as_ref().and_then(|a| a.get(leasehold::crd::ANNOTATION_REVOKED));
+    assert_eq!(revoked, None, "b was granted after a revocation, not after a's release: {lease:?}");
     sb.release(LOCK).await;
 }
 
@@ -206,6 +282,43 @@ async fn malformed_requests_get_json_errors_and_change_nothing() {
         ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{not json".into()), 400, "invalid_body"),
         ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"waitSeconds\": \"ten\"}".into()), 400, "invalid_body"),
         ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"wait\": 3}".into()), 400, "invalid_body"),
+        // The body must be a JSON object: an array would otherwise be read as the fields in order.
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("[5]".into()), 400, "invalid_body"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("[]".into()), 400, "invalid_body"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("5".into()), 400, "invalid_body"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("null".into()), 400, "invalid_body"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("\"5\"".into()), 400, "invalid_body"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"waitSeconds\": 1} []".into()), 400, "invalid_body"),
+        (
+            "POST",
+            format!("/v1/locks/{LOCK}/acquire"),
+            Some("{\"waitSeconds\": 1, \"waitSeconds\": 2}".into()),
+            400,
+            "invalid_body",
+        ),
+        ("POST", format!("/v1/locks/{LOCK}/acquire?waitSeconds=5"), None, 400, "invalid_query"),
+        ("GET", format!("/v1/locks/{LOCK}?verbose=1"), None, 400, "invalid_query"),
+        ("POST", format!("/v1/locks/{LOCK}/release"), Some("{\"force\": true}".into()), 400, "invalid_body"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"session\": \"yes\"}".into()), 400, "invalid_body"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"ttlSeconds\": 0}".into()), 400, "invalid_ttl"),
+        ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"ttlSeconds\": 16}".into()), 400, "invalid_ttl"),
+        (
+            "POST",
+            format!("/v1/locks/{LOCK}/acquire"),
+            Some("{\"container\": \"Bad_Name\"}".into()),
+            400,
+            "invalid_container",
+        ),
+        ("POST", "/v1/locks/no-such-lock/acquire".into(), Some("{\"ttlSeconds\": 1}".into()), 404, "unknown_lock"),
+        ("POST", format!("/v1/locks/{LOCK}/holds/h123/keepalive"), None, 400, "invalid_handle"),
+        ("GET", format!("/v1/locks/{LOCK}/holds/H0123456789ABCDEF0123456789ABCDEF"), None, 400, "invalid_handle"),
+        (
+            "POST",
+            format!("/v1/locks/{LOCK}/holds/h0123456789abcdef0123456789abcdef/release"),
+            Some("{\"force\": true}".into()),
+            400,
+            "invalid_body",
+        ),
         ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"waitSeconds\": -1}".into()), 400, "invalid_wait"),
         ("POST", format!("/v1/locks/{LOCK}/acquire"), Some("{\"waitSeconds\": 1e12}".into()), 400, "invalid_wait"),
         ("POST", format!("/v1/locks/{LOCK}/acquire"), Some(huge), 413, "body_too_large"),
@@ -222,10 +335,13 @@ async fn malformed_requests_get_json_errors_and_change_nothing() {
         assert_eq!(reply["error"]["code"], code, "{method} {path}: {reply}");
         let message = reply["error"]["message"].as_str().unwrap_or_default();
         assert!(!message.is_empty(), "{method} {path}: no message in {reply}");
+        if body.as_deref().is_some_and(|b| b.starts_with('[')) {
+            assert!(message.contains("JSON object") && message.contains("array"), "{path}: {message}");
+        }
     }
     // Nothing changed: no claim was left behind, the pod holds nothing.
-    let leases = env.leases().list(&ListParams::default().labels("leasehold.dev/role=claim")).await.expect("list");
-    assert!(leases.items.is_empty(), "claims left behind: {:?}", leases.items);
+    let claims = env.claims().list(&ListParams::default()).await.expect("list");
+    assert!(claims.items.is_empty(), "claims left behind: {:?}", claims.items);
     let view = sa.view(LOCK).await;
     assert_eq!((view["state"].as_str(), view["held"].as_bool()), (Some("free"), Some(false)), "{view}");
 }
@@ -241,9 +357,9 @@ async fn a_caller_that_disconnects_while_waiting_leaves_the_queue() {
     let waiting = acquire_later(&sb, 60.0);
     wait_local_waiting(&sb).await;
     let claim = b.identity().claim_name(LOCK);
-    until(&env.leases(), &claim, Duration::from_secs(10), "b's claim", |_| true).await;
+    until(&env.claims(), &claim, Duration::from_secs(10), "b's claim", |_| true).await;
     waiting.abort(); // the caller hangs up
-    crate::support::watch::until_gone(&env.leases(), &claim, Duration::from_secs(10), "b's claim withdrawn").await;
+    crate::support::watch::until_gone(&env.claims(), &claim, Duration::from_secs(10), "b's claim withdrawn").await;
     let view = sb.view(LOCK).await;
     assert_eq!((view["state"].as_str(), view["localWaiters"].as_u64()), (Some("free"), Some(0)), "{view}");
     // a releases: nobody is granted (the lock stays free).
@@ -266,7 +382,7 @@ async fn callers_in_one_pod_queue_locally_behind_one_claim() {
         if view["localWaiters"] == 1 { Ok(()) } else { Err(view.to_string()) }
     })
     .await;
-    let claims = env.leases().list(&ListParams::default().labels("leasehold.dev/role=claim")).await.expect("list");
+    let claims = env.claims().list(&ListParams::default()).await.expect("list");
     assert!(claims.items.len() <= 1, "one claim per pod and lock: {}", claims.items.len());
     sa.release(LOCK).await;
     let (status, next) = second.await.expect("join");
@@ -303,7 +419,9 @@ async fn hold_mode_holds_for_life_writes_the_token_file_and_readiness_follows() 
     assert_eq!(sb.process.admin_get("/readyz").await.map(|r| r.0), Some(503), "the non-holder is not ready");
     assert!(!file_b.exists());
 
-    sa.process.terminate(Duration::from_secs(10)).await;
+    sa.process.terminate(Duration::from_secs(30)).await;
+    // The file went before the release could hand the lock on.
+    assert!(!file_a.exists(), "the terminated holder left its hold file");
     sb.process.wait_ready().await;
     let record: Value = serde_json::from_str(&std::fs::read_to_string(&file_b).expect("hold file")).expect("json");
     assert!(record["fencingToken"].as_i64().expect("token") > token_a);

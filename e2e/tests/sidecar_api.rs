@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use leasehold::crd::DistributedLockSpec;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::{Env, http_send};
 
@@ -77,14 +77,69 @@ async fn the_sidecar_serves_exactly_its_openapi_document() {
     env.wait_claim_rbac(&a).await;
     let sidecar = env.sidecar(&a, &[]).await;
 
+    // A hold with a handle (a heartbeat), and a session-bound one on another lock: the
+    // probes below use their handles.
+    env.lock("billing", DistributedLockSpec::default()).await;
+    let (status, held) = sidecar.acquire_with("orders", json!({"waitSeconds": 10, "ttlSeconds": 15})).await;
+    assert_eq!(status, 200, "{held}");
+    check(&spec, &spec["components"]["schemas"]["Acquired"], &held, "acquire with ttlSeconds")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let handle = held["handle"].as_str().expect("a handle").to_owned();
+    let (status, mut session) = sidecar.session("billing", json!({"waitSeconds": 10})).await;
+    assert_eq!(status, 200);
+    let documented = &spec["paths"]["/v1/locks/{name}/acquire"]["post"]["responses"]["200"]["content"];
+    assert!(documented.get(&session.content_type).is_some(), "undocumented {}", session.content_type);
+    let first = session.next(Duration::from_secs(10)).await.expect("the grant line");
+    check(&spec, &spec["components"]["schemas"]["Acquired"], &first, "session's first line")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let line = session.expect("held", Duration::from_secs(5)).await;
+    check(&spec, &documented["application/x-ndjson"]["schema"], &line, "a session line")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let session_handle = first["handle"].as_str().expect("a handle").to_owned();
+    let hold = format!("/v1/locks/orders/holds/{handle}");
+    let keepalive = format!("{hold}/keepalive");
+    let release_own = format!("{hold}/release");
+    let billing_by_orders = format!("/v1/locks/orders/holds/{session_handle}/release");
+    let release_session = format!("/v1/locks/billing/holds/{session_handle}/release");
+
     // (operation path, method, concrete path, body, expected status)
     let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(20_000));
     let probes: Vec<(&str, &str, &str, Option<&str>, u16)> = vec![
-        ("/v1/locks/{name}/acquire", "post", "/v1/locks/orders/acquire", Some("{\"waitSeconds\": 10}"), 200),
         ("/v1/locks/{name}", "get", "/v1/locks/orders", None, 200),
+        ("/v1/locks/{name}/holds/{handle}", "get", &hold, None, 200),
+        ("/v1/locks/{name}/holds/{handle}/keepalive", "post", &keepalive, None, 200),
+        ("/v1/locks/{name}/holds/{handle}", "get", "/v1/locks/orders/holds/nope", None, 400),
+        ("/v1/locks/{name}/holds/{handle}/keepalive", "post", &keepalive, Some("{\"ttlSeconds\": 5}"), 400),
+        ("/v1/locks/{name}/holds/{handle}/release", "post", &billing_by_orders, None, 409),
+        (
+            "/v1/locks/{name}/holds/{handle}",
+            "get",
+            "/v1/locks/orders/holds/h0123456789abcdef0123456789abcdef",
+            None,
+            409,
+        ),
+        (
+            "/v1/locks/{name}/holds/{handle}/keepalive",
+            "post",
+            "/v1/locks/billing/holds/h0123456789abcdef0123456789abcdef/keepalive",
+            None,
+            409,
+        ),
+        ("/v1/locks/{name}/release", "post", "/v1/locks/orders/release", None, 409),
+        ("/v1/locks/{name}/holds/{handle}/release", "post", &release_own, None, 200),
+        ("/v1/locks/{name}/holds/{handle}/release", "post", &release_own, None, 200),
+        ("/v1/locks/{name}/holds/{handle}/keepalive", "delete", &keepalive, None, 405),
+        ("/v1/locks/{name}/holds/{handle}/release", "get", &release_own, None, 405),
+        ("/v1/locks/{name}/holds/{handle}", "post", &hold, None, 405),
+        ("/v1/locks/{name}/holds/{handle}/release", "post", &release_session, None, 200),
+        ("/v1/locks/{name}/acquire", "post", "/v1/locks/orders/acquire", Some("{\"waitSeconds\": 10}"), 200),
         ("/v1/locks/{name}/release", "post", "/v1/locks/orders/release", None, 200),
         ("/v1/locks/{name}/release", "post", "/v1/locks/orders/release", None, 200),
+        ("/v1/locks/{name}/acquire", "post", "/v1/locks/orders/acquire", Some("{\"ttlSeconds\": 99}"), 400),
         ("/v1/locks/{name}/acquire", "post", "/v1/locks/orders/acquire", Some("{\"waitSeconds\": -3}"), 400),
+        ("/v1/locks/{name}/acquire", "post", "/v1/locks/orders/acquire", Some("[10]"), 400),
+        ("/v1/locks/{name}/acquire", "post", "/v1/locks/orders/acquire?waitSeconds=10", None, 400),
+        ("/v1/locks/{name}/release", "post", "/v1/locks/orders/release", Some("{\"force\": true}"), 400),
         ("/v1/locks/{name}/acquire", "post", "/v1/locks/missing/acquire", Some("{\"waitSeconds\": 3}"), 404),
         ("/v1/locks/{name}/acquire", "post", "/v1/locks/orders/acquire", Some(&big), 413),
         ("/v1/locks/{name}/acquire", "put", "/v1/locks/orders/acquire", None, 405),

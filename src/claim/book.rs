@@ -1,4 +1,4 @@
-//! Which acquisition owns a claimant's claim on each lock.
+//! Which acquisition owns a claimant's claim on each lock, and which claim object it is.
 //!
 //! A claim's name depends only on the claimant and the lock, so successive acquisitions of
 //! one lock reuse it — and an earlier acquisition sometimes withdraws late: an abandoned
@@ -21,6 +21,8 @@ pub(crate) type Ticket = u64;
 struct Entry {
     newest: Ticket,
     gate: Arc<tokio::sync::Mutex<()>>,
+    /// UID of the claim we last created or refreshed: a withdrawal deletes only that one.
+    uid: Option<String>,
 }
 
 /// Tickets and write gates, per lock.
@@ -46,6 +48,16 @@ impl ClaimBook {
     /// Waits for the right to write `lock`'s claim.
     pub(crate) async fn write(&self, lock: &str) -> OwnedMutexGuard<()> {
         self.with(lock, |e| e.gate.clone()).lock_owned().await
+    }
+
+    /// Records the UID of our claim on `lock` (call while holding [`ClaimBook::write`]).
+    pub(crate) fn set_uid(&self, lock: &str, uid: Option<String>) {
+        self.with(lock, |e| e.uid = uid);
+    }
+
+    /// The UID of our claim on `lock`, if known.
+    pub(crate) fn uid(&self, lock: &str) -> Option<String> {
+        self.with(lock, |e| e.uid.clone())
     }
 
     /// The right to withdraw `lock`'s claim for `ticket`; `None` once a newer acquisition

@@ -1,15 +1,19 @@
-//! Pure edits of lock and claim Leases made by a claimant, and how it reads a lock Lease.
+//! Pure edits made by a claimant — of its LockClaim and of the lock Lease — and how it
+//! reads a lock Lease.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 
-use crate::crd::{ANNOTATION_POD, ANNOTATION_REVOKED, LABEL_LOCK, LABEL_ROLE, ROLE_CLAIM};
+use crate::crd::{
+    ANNOTATION_DRAINING, ANNOTATION_REVOKED, LABEL_LOCK, LABEL_ROLE, LockClaim, LockClaimSpec, ROLE_LOCK,
+};
 use crate::lease::{Identity, token};
 
-/// A new claim Lease announcing that `identity` waits for `lock`. Owned by the claimant's
-/// Pod, when there is one, so that it goes away with the Pod.
-pub fn claim_lease(lock: &str, identity: &Identity, ttl_seconds: i32, now: Timestamp) -> Lease {
+/// A new LockClaim announcing that `identity` waits for `lock`, living `ttl_seconds`
+/// without refresh. Owned by the claimant's Pod, when there is one, so that it goes away
+/// with the Pod.
+pub fn lock_claim(lock: &str, identity: &Identity, ttl_seconds: i32, now: Timestamp) -> LockClaim {
     let owner = identity.pod.as_ref().map(|pod| OwnerReference {
         api_version: "v1".into(),
         kind: "Pod".into(),
@@ -18,22 +22,36 @@ pub fn claim_lease(lock: &str, identity: &Identity, ttl_seconds: i32, now: Times
         controller: None,
         block_owner_deletion: None,
     });
-    Lease {
+    LockClaim {
         metadata: ObjectMeta {
             name: Some(identity.claim_name(lock)),
-            labels: Some([(LABEL_LOCK.into(), lock.into()), (LABEL_ROLE.into(), ROLE_CLAIM.into())].into()),
-            annotations: identity.pod.as_ref().map(|pod| [(ANNOTATION_POD.into(), pod.name.clone())].into()),
+            labels: Some([(LABEL_LOCK.into(), lock.into())].into()),
             owner_references: owner.map(|o| vec![o]),
             ..ObjectMeta::default()
         },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(identity.id.clone()),
-            lease_duration_seconds: Some(ttl_seconds),
-            acquire_time: Some(MicroTime(now)),
-            renew_time: Some(MicroTime(now)),
-            ..LeaseSpec::default()
-        }),
+        spec: LockClaimSpec {
+            lock: lock.to_owned(),
+            claimant: identity.id.clone(),
+            pod: identity.pod.as_ref().map(|p| p.name.clone()),
+            request_time: MicroTime(now),
+            renew_time: MicroTime(now),
+            ttl_seconds,
+        },
     }
+}
+
+/// The claim refreshed at `now`, living `ttl_seconds` from there.
+pub fn refreshed(claim: &LockClaim, ttl_seconds: i32, now: Timestamp) -> LockClaim {
+    let mut claim = claim.clone();
+    claim.spec.renew_time = MicroTime(now);
+    claim.spec.ttl_seconds = ttl_seconds;
+    claim
+}
+
+/// Whether a LockClaim found under our claim's name is ours (and for `lock`): anything
+/// else is a squatter, to be replaced.
+pub fn is_our_claim(claim: &LockClaim, lock: &str, identity: &Identity) -> bool {
+    claim.spec.claimant == identity.id && claim.spec.lock == lock
 }
 
 /// The holder named by a Lease, if any.
@@ -41,9 +59,49 @@ pub fn holder(lease: &Lease) -> Option<&str> {
     lease.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
 }
 
+/// Whether this lock Lease is draining a revoked hold, and the revoked token it records
+/// (`Some(None)`: draining, the token unreadable).
+pub fn draining(lease: &Lease) -> Option<Option<i64>> {
+    let value = lease.metadata.annotations.as_ref()?.get(ANNOTATION_DRAINING)?;
+    Some(token::parse(value).ok())
+}
+
 /// The token of a hold granted to `identity` by this lock Lease, if it names `identity`.
+/// Only a Lease labelled as the lock Lease (`leasehold.dev/role: lock`,
+/// `leasehold.dev/lock: <its name>`) grants: the guard lets nobody but the controller
+/// create one or change its labels, while anyone allowed to create Leases could create an
+/// unlabelled one with the lock's name naming us. A draining Lease grants nothing: it
+/// names a holder whose hold was revoked.
 pub fn granted_token(lease: &Lease, identity: &Identity) -> Option<i64> {
-    (holder(lease) == Some(identity.id.as_str())).then(|| token::of_lease(lease)).flatten()
+    if !names_us(lease, identity) || draining(lease).is_some() {
+        return None;
+    }
+    token::of_lease(lease)
+}
+
+/// Whether `lease` is a lock Lease (labelled as one, for the lock of its name) whose
+/// holder is `identity`.
+pub fn names_us(lease: &Lease, identity: &Identity) -> bool {
+    let labels = lease.metadata.labels.as_ref();
+    let lock_lease = labels.is_some_and(|l| {
+        l.get(LABEL_ROLE).map(String::as_str) == Some(ROLE_LOCK)
+            && l.get(LABEL_LOCK).is_some_and(|lock| Some(lock) == lease.metadata.name.as_ref())
+    });
+    lock_lease && holder(lease) == Some(identity.id.as_str())
+}
+
+/// The Lease with our hold with `token` given up, if it still names it: released while
+/// granted, or acknowledged while the controller drains it (`draining` is our token).
+/// `None` when the Lease no longer names that hold: there is nothing of ours to clear.
+pub fn given_back(lease: &Lease, identity: &Identity, token: i64) -> Option<Lease> {
+    if !names_us(lease, identity) {
+        return None;
+    }
+    let ours = match draining(lease) {
+        Some(revoked) => revoked == Some(token),
+        None => token::of_lease(lease) == Some(token),
+    };
+    ours.then(|| released(lease))
 }
 
 /// Whether the hold on this Lease was confirmed by its holder (`renewTime != acquireTime`):
@@ -61,8 +119,11 @@ pub enum LostReason {
     Revoked(String),
     /// The lock Lease is gone (deleted by hand, or the lock was deleted).
     LeaseDeleted,
-    /// The apiserver refused a renewal.
+    /// The apiserver refused a renewal (403: forbidden, or 401: our credentials are no
+    /// longer valid — a Pod-bound token whose Pod is gone).
     Refused(String),
+    /// The hold reached the maximum age it was granted with (self-fenced).
+    MaxHold,
 }
 
 impl std::fmt::Display for LostReason {
@@ -72,11 +133,13 @@ impl std::fmt::Display for LostReason {
             LostReason::Revoked(why) => write!(f, "the controller revoked the hold ({why})"),
             LostReason::LeaseDeleted => f.write_str("the lock Lease was deleted"),
             LostReason::Refused(why) => write!(f, "the apiserver refused the renewal: {why}"),
+            LostReason::MaxHold => f.write_str("held for the lock's maxHoldSeconds"),
         }
     }
 }
 
-/// Whether this lock Lease still shows our hold with `token`; if not, why.
+/// Whether this lock Lease still shows our hold with `token`; if not, why. A draining
+/// Lease naming us means our hold was revoked.
 pub fn still_ours(lease: Option<&Lease>, identity: &Identity, token: i64) -> Result<(), LostReason> {
     let Some(lease) = lease else { return Err(LostReason::LeaseDeleted) };
     if granted_token(lease, identity) == Some(token) {
@@ -125,6 +188,10 @@ mod tests {
     const UID: &str = "0b8f3a1e-5d2c-4c55-9a57-2f3c1e7b9d10";
 
     fn lock_lease(holder: Option<&str>, token: Option<&str>, revoked: Option<&str>) -> Lease {
+        draining_lease(holder, token, revoked, None)
+    }
+
+    fn draining_lease(holder: Option<&str>, token: Option<&str>, revoked: Option<&str>, drain: Option<&str>) -> Lease {
         let mut annotations = std::collections::BTreeMap::new();
         if let Some(t) = token {
             annotations.insert(ANNOTATION_TOKEN.to_owned(), t.to_owned());
@@ -132,22 +199,55 @@ mod tests {
         if let Some(r) = revoked {
             annotations.insert(ANNOTATION_REVOKED.to_owned(), r.to_owned());
         }
+        if let Some(d) = drain {
+            annotations.insert(ANNOTATION_DRAINING.to_owned(), d.to_owned());
+        }
         Lease {
-            metadata: ObjectMeta { annotations: Some(annotations), ..ObjectMeta::default() },
+            metadata: ObjectMeta {
+                name: Some("orders".into()),
+                labels: Some([(LABEL_LOCK.into(), "orders".into()), (LABEL_ROLE.into(), ROLE_LOCK.into())].into()),
+                annotations: Some(annotations),
+                ..ObjectMeta::default()
+            },
             spec: Some(LeaseSpec { holder_identity: holder.map(str::to_owned), ..LeaseSpec::default() }),
         }
     }
 
     #[test]
-    fn claim_lease_names_and_owns() {
+    fn only_a_lease_labelled_as_the_lock_lease_grants() {
         let me = Identity::for_pod("w-0", UID);
-        let lease = claim_lease("orders", &me, 30, Timestamp::UNIX_EPOCH);
-        assert_eq!(lease.metadata.name.as_deref(), Some(me.claim_name("orders").as_str()));
-        let owner = &lease.metadata.owner_references.as_ref().expect("owned")[0];
+        let granted = lock_lease(Some(me.id.as_str()), Some("7"), None);
+        assert_eq!(granted_token(&granted, &me), Some(7));
+        let mut squatted = granted.clone();
+        squatted.metadata.labels = None;
+        assert_eq!(granted_token(&squatted, &me), None, "unlabelled");
+        let mut claim_role = granted.clone();
+        claim_role.metadata.labels.as_mut().expect("labels").insert(LABEL_ROLE.into(), "claim".into());
+        assert_eq!(granted_token(&claim_role, &me), None, "not the lock role");
+        let mut other_lock = granted;
+        other_lock.metadata.labels.as_mut().expect("labels").insert(LABEL_LOCK.into(), "stock".into());
+        assert_eq!(granted_token(&other_lock, &me), None, "labelled for another lock");
+    }
+
+    #[test]
+    fn lock_claim_names_owns_and_refreshes() {
+        let me = Identity::for_pod("w-0", UID);
+        let t0 = Timestamp::UNIX_EPOCH;
+        let claim = lock_claim("orders", &me, 30, t0);
+        assert_eq!(claim.metadata.name.as_deref(), Some(format!("orders.{UID}").as_str()));
+        assert_eq!(claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_LOCK)).map(String::as_str), Some("orders"));
+        let owner = &claim.metadata.owner_references.as_ref().expect("owned")[0];
         assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("Pod", "w-0", UID));
-        assert_eq!(holder(&lease), Some(me.id.as_str()));
-        let outside = Identity { id: "host-1".into(), pod: None };
-        assert!(claim_lease("orders", &outside, 30, Timestamp::UNIX_EPOCH).metadata.owner_references.is_none());
+        assert_eq!((claim.spec.claimant.as_str(), claim.spec.pod.as_deref()), (me.id.as_str(), Some("w-0")));
+        assert!(is_our_claim(&claim, "orders", &me));
+        assert!(!is_our_claim(&claim, "orders", &Identity::for_pod("w-1", UID)));
+        let later = Timestamp::from_second(10).expect("valid");
+        let fresh = refreshed(&claim, 45, later);
+        assert_eq!((fresh.spec.renew_time.0, fresh.spec.request_time.0, fresh.spec.ttl_seconds), (later, t0, 45));
+        let outside = Identity { id: "alice/u-host-1".into(), pod: None };
+        let claim = lock_claim("orders", &outside, 30, t0);
+        assert!(claim.metadata.owner_references.is_none());
+        assert_eq!((claim.metadata.name.as_deref(), claim.spec.pod), (Some("orders.u-host-1"), None));
     }
 
     #[test]
@@ -164,6 +264,44 @@ mod tests {
         ];
         for (lease, expected) in cases {
             assert_eq!(still_ours(lease.as_ref(), &me, 7), expected, "{lease:?}");
+        }
+    }
+
+    #[test]
+    fn a_draining_lease_naming_us_is_no_grant_and_means_lost() {
+        let me = Identity::for_pod("w-0", UID);
+        let mine = me.id.as_str();
+        let revoked = draining_lease(Some(mine), Some("8"), Some("Forced"), Some("7"));
+        assert_eq!(granted_token(&revoked, &me), None, "a draining Lease grants nothing");
+        assert_eq!(still_ours(Some(&revoked), &me, 7), Err(LostReason::Revoked("Forced".into())));
+        // Even were the raised token ours, a draining Lease is a revocation.
+        assert_eq!(still_ours(Some(&revoked), &me, 8), Err(LostReason::Revoked("Forced".into())));
+        assert_eq!(granted_token(&lock_lease(Some(mine), Some("7"), None), &me), Some(7));
+        assert_eq!(draining(&draining_lease(Some(mine), Some("8"), None, Some("x"))), Some(None));
+        assert_eq!(draining(&lock_lease(Some(mine), Some("7"), None)), None);
+    }
+
+    #[test]
+    fn given_back_only_clears_our_own_hold_or_its_drain() {
+        let me = Identity::for_pod("w-0", UID);
+        let mine = me.id.as_str();
+        // (lease, our token, clears?)
+        let cases = [
+            (lock_lease(Some(mine), Some("7"), None), true), // held: release
+            (draining_lease(Some(mine), Some("8"), Some("Forced"), Some("7")), true), // our drain: ack
+            (draining_lease(Some(mine), Some("9"), Some("Forced"), Some("8")), false), // a later hold's drain
+            (lock_lease(Some(mine), Some("8"), None), false), // a later grant to us
+            (lock_lease(Some("other"), Some("8"), None), false), // someone else's
+            (lock_lease(None, Some("8"), None), false),      // already free
+            (draining_lease(None, Some("8"), Some("Forced"), Some("7")), false), // already acknowledged
+        ];
+        for (lease, clears) in cases {
+            let back = given_back(&lease, &me, 7);
+            assert_eq!(back.is_some(), clears, "{lease:?}");
+            if let Some(back) = back {
+                assert_eq!(holder(&back), None);
+                assert_eq!(back.metadata.annotations, lease.metadata.annotations, "annotations untouched");
+            }
         }
     }
 

@@ -1,37 +1,34 @@
-//! A confirmed hold and the task that renews it.
+//! A confirmed hold, as its owner sees it.
 //!
-//! The renewal task self-fences: the hold is valid until the renew deadline after the
-//! *send* time of the last successful renewal. [`Hold::is_held`] compares that deadline
-//! with the clock on every call, so even a process that was frozen (SIGSTOP) and thawed
-//! never answers "held" late, whatever the task has had a chance to run.
+//! The hold self-fences: it is valid until the renew deadline after the *send* time of the
+//! last successful renewal, and never past its max-hold deadline (the lock's
+//! `maxHoldSeconds` from the send time of the confirmation), both under the timing the
+//! hold was granted with (recorded on the lock Lease). [`Hold::is_held`] compares those
+//! deadlines with the clock on every call, so even a process that was frozen (SIGSTOP) and
+//! thawed never answers "held" late, whatever the renewal task has had a chance to run.
+//!
+//! A hold the controller revoked is lost at once, but it is acknowledged (the holder
+//! cleared on the lock Lease, which lets the controller grant the next claimant) only once
+//! the owner lets go: releases or drops the [`Hold`]. Until then the owner may still be
+//! acting within the time it was told it had.
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-use tracing::{info, warn};
 
-use super::{Claimant, LostReason, edit};
-use crate::lease::{CasError, Timing};
-
-/// Test only (`broken-ignore-renew-deadline`): a hold that ignores its renew deadline, to
-/// show that the fault suite's checker catches a sidecar that does.
-const IGNORE_RENEW_DEADLINE: bool = cfg!(feature = "broken-ignore-renew-deadline");
-
-/// The self-fence deadline of a renewal sent at `sent`.
-fn deadline(sent: Instant, timing: &Timing) -> Instant {
-    if IGNORE_RENEW_DEADLINE { sent + Duration::from_secs(365 * 24 * 3600) } else { sent + timing.renew_deadline }
-}
+use super::renewer::{Renewer, deadline};
+use super::{Claimant, LostReason};
+use crate::lease::{GrantedTiming, Timing, granted};
 
 /// What a hold is doing.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HoldStatus {
     /// Held until `valid_until` unless renewed; `late` after a failed renewal attempt.
     Held {
-        /// Self-fence deadline.
+        /// Self-fence deadline: the renew deadline, never past the max-hold deadline.
         valid_until: Instant,
         /// The last renewal attempt failed.
         late: bool,
@@ -73,7 +70,9 @@ pub struct Hold {
     lock: String,
     token: i64,
     acquired_at: Timestamp,
-    timing: Timing,
+    terms: GrantedTiming,
+    /// The max-hold deadline, when the hold has one.
+    max_until: Option<Instant>,
     status: watch::Receiver<HoldStatus>,
     events: broadcast::Sender<HoldEvent>,
     release: mpsc::Sender<oneshot::Sender<ReleaseOutcome>>,
@@ -85,16 +84,19 @@ pub(super) struct Confirmed {
     pub token: i64,
     /// The lock Lease as our confirmation wrote it.
     pub lease: Lease,
-    /// When the confirmation was sent: the renew deadline counts from here.
+    /// When the confirmation was sent: the renew deadline and the max-hold deadline count
+    /// from here.
     pub sent: Instant,
 }
 
 impl Hold {
+    /// Starts renewing the confirmed grant. `fallback` is the lock's terms now, for a
+    /// Lease granted without recorded terms.
     pub(super) fn start(
         claimant: Claimant,
         lock: &str,
         ticket: super::book::Ticket,
-        timing: Timing,
+        fallback: GrantedTiming,
         Confirmed { token, lease, sent }: Confirmed,
         states: BoxStream<'static, Option<Lease>>,
     ) -> Hold {
@@ -104,8 +106,11 @@ impl Hold {
             *entry = (*entry).max(token);
         }
         claimant.metrics.held.inc();
+        let terms = granted::of_lease(&lease, &fallback);
+        let max_until = terms.max_hold.map(|max| sent + max);
+        let valid_until = deadline(sent, &terms.timing);
         let (status_tx, status) =
-            watch::channel(HoldStatus::Held { valid_until: deadline(sent, &timing), late: false });
+            watch::channel(HoldStatus::Held { valid_until: fence(valid_until, max_until), late: false });
         let (events, _) = broadcast::channel(16);
         let (release, commands) = mpsc::channel(1);
         let renewer = Renewer {
@@ -113,14 +118,15 @@ impl Hold {
             lock: lock.to_owned(),
             ticket,
             token,
-            timing,
+            timing: terms.timing,
             lease,
-            valid_until: deadline(sent, &timing),
+            valid_until,
+            max_until,
             status: status_tx,
             events: events.clone(),
         };
         tokio::spawn(renewer.run(sent, states, commands));
-        Hold { lock: lock.to_owned(), token, acquired_at: Timestamp::now(), timing, status, events, release }
+        Hold { lock: lock.to_owned(), token, acquired_at: Timestamp::now(), terms, max_until, status, events, release }
     }
 
     /// The lock's name.
@@ -138,27 +144,33 @@ impl Hold {
         self.acquired_at
     }
 
-    /// The lock's timing.
+    /// The timing the hold was granted under.
     pub fn timing(&self) -> Timing {
-        self.timing
+        self.terms.timing
     }
 
-    /// The hold's status, with the renew deadline applied against the clock now.
+    /// The longest the hold may last (`maxHoldSeconds` at the grant), if bounded.
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.terms.max_hold
+    }
+
+    /// The hold's status, with its deadlines applied against the clock now.
     pub fn status(&self) -> HoldStatus {
         match self.status.borrow().clone() {
             HoldStatus::Held { valid_until, .. } if Instant::now() >= valid_until => {
-                HoldStatus::Lost(LostReason::RenewDeadline)
+                HoldStatus::Lost(fence_reason(valid_until, self.max_until))
             }
             other => other,
         }
     }
 
-    /// True while held and within the renew deadline.
+    /// True while held and within its deadlines.
     pub fn is_held(&self) -> bool {
         matches!(self.status(), HoldStatus::Held { .. })
     }
 
-    /// Time left before self-fencing, if held.
+    /// Time left before self-fencing, if held: never past the renew deadline, nor past the
+    /// max-hold deadline.
     pub fn remaining(&self) -> Option<Duration> {
         match self.status() {
             HoldStatus::Held { valid_until, .. } => Some(valid_until.saturating_duration_since(Instant::now())),
@@ -180,15 +192,16 @@ impl Hold {
                 HoldStatus::Lost(reason) => return Some(reason),
                 HoldStatus::Released => return None,
                 HoldStatus::Held { valid_until, .. } => tokio::select! {
-                    _ = tokio::time::sleep_until(valid_until.into()) => return Some(LostReason::RenewDeadline),
+                    _ = tokio::time::sleep_until(valid_until.into()) => return Some(fence_reason(valid_until, self.max_until)),
                     changed = status.changed() => if changed.is_err() { return Some(LostReason::RenewDeadline) },
                 },
             }
         }
     }
 
-    /// Gives the hold up: deletes the claim, then clears the holder by compare-and-swap.
-    /// Releasing a hold already lost succeeds and says so.
+    /// Gives the hold up: deletes the claim, then clears the holder by compare-and-swap
+    /// (or, if the hold was revoked, acknowledges the revocation the same way). Releasing
+    /// a hold already lost succeeds and says so.
     pub async fn release(self) -> ReleaseOutcome {
         let (reply, outcome) = oneshot::channel();
         if self.release.send(reply).await.is_err() {
@@ -198,187 +211,29 @@ impl Hold {
     }
 }
 
-/// The background task behind a [`Hold`].
-struct Renewer {
-    claimant: Claimant,
-    lock: String,
-    /// The acquisition that produced this hold (see [`super::book`]).
-    ticket: super::book::Ticket,
-    token: i64,
-    timing: Timing,
-    lease: Lease,
-    valid_until: Instant,
-    status: watch::Sender<HoldStatus>,
-    events: broadcast::Sender<HoldEvent>,
+/// The self-fence deadline: `valid_until` (the renew deadline), never past `max_until`.
+pub(super) fn fence(valid_until: Instant, max_until: Option<Instant>) -> Instant {
+    max_until.map_or(valid_until, |max| valid_until.min(max))
 }
 
-/// A failed renewal attempt.
-enum RenewFailure {
-    /// The hold is gone.
-    Lost(LostReason),
-    /// Worth retrying before the deadline.
-    Transient(String),
+/// Why a hold whose self-fence deadline `at` passed is lost.
+pub(super) fn fence_reason(at: Instant, max_until: Option<Instant>) -> LostReason {
+    if max_until.is_some_and(|max| at >= max) { LostReason::MaxHold } else { LostReason::RenewDeadline }
 }
 
-impl Renewer {
-    async fn run(
-        mut self,
-        sent: Instant,
-        mut states: BoxStream<'static, Option<Lease>>,
-        mut commands: mpsc::Receiver<oneshot::Sender<ReleaseOutcome>>,
-    ) {
-        let mut next = sent + self.timing.retry_period;
-        loop {
-            tokio::select! {
-                biased;
-                _ = tokio::time::sleep_until(self.valid_until.into()) => {
-                    // Self-fence, then free the lock early if we still can.
-                    self.lose(LostReason::RenewDeadline);
-                    self.give_back().await;
-                    return self.drain(commands, false).await;
-                }
-                command = commands.recv() => {
-                    let was_held = Instant::now() < self.valid_until;
-                    let was_held = self.release().await && was_held;
-                    if let Some(reply) = command {
-                        let _ = reply.send(ReleaseOutcome { was_held });
-                    }
-                    return;
-                }
-                Some(state) = states.next() => {
-                    if let Err(reason) = edit::still_ours(state.as_ref(), &self.claimant.identity, self.token) {
-                        self.lose(reason);
-                        return self.drain(commands, false).await;
-                    }
-                    if let Some(lease) = state {
-                        self.lease = lease;
-                    }
-                }
-                _ = tokio::time::sleep_until(next.into()) => {
-                    let attempt = Instant::now();
-                    match tokio::time::timeout_at(self.valid_until.into(), self.renew_once()).await {
-                        Ok(Ok(sent)) => {
-                            self.valid_until = deadline(sent, &self.timing);
-                            next = sent + self.timing.retry_period;
-                            self.claimant.metrics.renew_seconds.observe(attempt.elapsed().as_secs_f64());
-                            self.status.send_replace(HoldStatus::Held { valid_until: self.valid_until, late: false });
-                        }
-                        Ok(Err(RenewFailure::Lost(reason))) => {
-                            self.lose(reason);
-                            return self.drain(commands, false).await;
-                        }
-                        Ok(Err(RenewFailure::Transient(error))) => {
-                            self.claimant.metrics.renew_failures.inc();
-                            let remaining = self.valid_until.saturating_duration_since(Instant::now());
-                            warn!(lock = %self.lock, token = self.token, %error, ?remaining, "renewal failed");
-                            self.status.send_replace(HoldStatus::Held { valid_until: self.valid_until, late: true });
-                            let _ = self.events.send(HoldEvent::RenewLate { error, remaining });
-                            next = Instant::now() + (self.timing.retry_period / 4).max(Duration::from_millis(200));
-                        }
-                        // The deadline branch fires next.
-                        Err(_) => {}
-                    }
-                }
-            }
-        }
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// One renewal; on conflict re-reads and retries while the hold is still ours.
-    /// Returns the send time of the successful write.
-    async fn renew_once(&mut self) -> Result<Instant, RenewFailure> {
-        loop {
-            let sent = Instant::now();
-            match self.claimant.store.replace(&edit::renewed(&self.lease, Timestamp::now())).await {
-                Ok(lease) => {
-                    self.lease = lease;
-                    return Ok(sent);
-                }
-                Err(CasError::Conflict { .. }) => {
-                    let current = self
-                        .claimant
-                        .store
-                        .get(&self.lock)
-                        .await
-                        .map_err(|e| RenewFailure::Transient(e.to_string()))?;
-                    edit::still_ours(current.as_ref(), &self.claimant.identity, self.token)
-                        .map_err(RenewFailure::Lost)?;
-                    self.lease = current.expect("still_ours implies the Lease exists");
-                }
-                Err(CasError::NotFound { .. }) => return Err(RenewFailure::Lost(LostReason::LeaseDeleted)),
-                Err(CasError::Forbidden { message, .. }) => {
-                    return Err(RenewFailure::Lost(LostReason::Refused(message)));
-                }
-                Err(e) => return Err(RenewFailure::Transient(e.to_string())),
-            }
-        }
-    }
-
-    fn lose(&self, reason: LostReason) {
-        if matches!(*self.status.borrow(), HoldStatus::Held { .. }) {
-            warn!(namespace = %self.claimant.namespace(), lock = %self.lock, token = self.token, %reason, "hold lost");
-            self.claimant.metrics.lost.inc();
-            self.claimant.metrics.held.dec();
-        }
-        self.status.send_replace(HoldStatus::Lost(reason.clone()));
-        let _ = self.events.send(HoldEvent::Lost(reason));
-    }
-
-    /// After a loss, waits for the owner to release (or drop) the Hold, then withdraws.
-    async fn drain(self, mut commands: mpsc::Receiver<oneshot::Sender<ReleaseOutcome>>, was_held: bool) {
-        let reply = commands.recv().await;
-        self.claimant.withdraw_claim(&self.lock, self.ticket).await;
-        self.status.send_replace(HoldStatus::Released);
-        let _ = self.events.send(HoldEvent::Released { was_held });
-        if let Some(reply) = reply {
-            let _ = reply.send(ReleaseOutcome { was_held });
-        }
-    }
-
-    /// Releases a valid hold: claim first (so the controller cannot re-grant it to us),
-    /// then the holder. Returns whether the Lease still showed our hold.
-    async fn release(&mut self) -> bool {
-        self.claimant.withdraw_claim(&self.lock, self.ticket).await;
-        let was_ours = self.give_back().await;
-        if matches!(*self.status.borrow(), HoldStatus::Held { .. }) {
-            self.claimant.metrics.held.dec();
-        }
-        info!(namespace = %self.claimant.namespace(), lock = %self.lock, token = self.token, was_ours, "released");
-        self.status.send_replace(HoldStatus::Released);
-        let _ = self.events.send(HoldEvent::Released { was_held: was_ours });
-        was_ours
-    }
-
-    /// Clears the holder if the Lease still shows our hold. Returns whether it did.
-    async fn give_back(&mut self) -> bool {
-        let mut lease = self.lease.clone();
-        for _ in 0..5 {
-            match self.claimant.store.replace(&edit::released(&lease)).await {
-                Ok(_) => return true,
-                Err(CasError::Conflict { .. }) => match self.claimant.store.get(&self.lock).await {
-                    Ok(Some(current))
-                        if edit::still_ours(Some(&current), &self.claimant.identity, self.token).is_ok() =>
-                    {
-                        lease = current;
-                    }
-                    _ => return false,
-                },
-                Err(e) => {
-                    warn!(lock = %self.lock, error = %e, "failed to clear the holder; the controller will expire it");
-                    return false;
-                }
-            }
-        }
-        false
-    }
-}
-
-impl Claimant {
-    /// Deletes our claim on `lock` for acquisition `ticket`, unless a newer acquisition
-    /// owns it (best effort: the controller drops stale claims anyway).
-    pub(crate) async fn withdraw_claim(&self, lock: &str, ticket: super::book::Ticket) {
-        let Some(_writing) = self.claims.withdrawal(lock, ticket).await else { return };
-        if let Err(e) = self.store.delete(&self.identity.claim_name(lock), None).await {
-            warn!(lock, error = %e, "failed to delete claim");
-        }
+    #[test]
+    fn the_fence_is_the_earlier_deadline_and_names_it() {
+        let t0 = Instant::now();
+        let (renew, max) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(4));
+        assert_eq!(fence(renew, None), renew);
+        assert_eq!(fence(renew, Some(max)), max);
+        assert_eq!(fence(max, Some(renew)), max);
+        assert_eq!(fence_reason(fence(renew, Some(max)), Some(max)), LostReason::MaxHold);
+        assert_eq!(fence_reason(fence(max, Some(renew)), Some(renew)), LostReason::RenewDeadline);
+        assert_eq!(fence_reason(renew, None), LostReason::RenewDeadline);
     }
 }

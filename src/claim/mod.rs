@@ -15,6 +15,7 @@
 mod book;
 pub mod edit;
 mod hold;
+mod renewer;
 mod watch;
 
 use std::collections::HashMap;
@@ -24,14 +25,16 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::Api;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 pub use edit::LostReason;
 pub use hold::{Hold, HoldEvent, HoldStatus, ReleaseOutcome};
 pub use watch::lease_states;
 
-use crate::crd::DistributedLock;
-use crate::lease::{CasError, Identity, LeaseStore, Timing, cas::status_code};
+use crate::crd::{DistributedLock, LockClaim};
+use crate::lease::{
+    CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code, granted,
+};
 use crate::metrics::ClientMetrics;
 
 /// Why an acquisition failed.
@@ -92,6 +95,19 @@ pub enum AcquireError {
 }
 
 impl AcquireError {
+    /// Whether trying again may succeed: the apiserver was busy (429), failing (5xx) or
+    /// did not answer. A refusal (403, 404, a conflict) is an answer, not a passing state.
+    pub fn is_transient(&self) -> bool {
+        let passing = |code: Option<u16>| code.is_none_or(|c| c == 429 || c >= 500);
+        match self {
+            AcquireError::ReadTimeout { .. } | AcquireError::Lease(CasError::Timeout { .. }) => true,
+            AcquireError::ReadLock { source, .. } | AcquireError::Lease(CasError::Api { source, .. }) => {
+                passing(status_code(source))
+            }
+            _ => false,
+        }
+    }
+
     /// A short label for metrics and API error codes.
     pub fn category(&self) -> &'static str {
         match self {
@@ -107,7 +123,10 @@ impl AcquireError {
 /// One claimant identity in one namespace.
 #[derive(Clone)]
 pub struct Claimant {
+    /// Lock Leases.
     pub(crate) store: LeaseStore,
+    /// Our LockClaims.
+    claim_store: CasStore<LockClaim>,
     locks: Api<DistributedLock>,
     pub(crate) identity: Identity,
     pub(crate) metrics: Arc<ClientMetrics>,
@@ -117,6 +136,9 @@ pub struct Claimant {
     pub(crate) retired: Arc<Mutex<HashMap<String, i64>>>,
     /// Which acquisition owns the claim on each lock.
     claims: book::ClaimBook,
+    /// When this claimant was made: every hold an earlier process with our identity
+    /// confirmed was last renewed before it.
+    born: Instant,
 }
 
 impl Claimant {
@@ -124,11 +146,13 @@ impl Claimant {
     pub fn new(client: kube::Client, namespace: &str, identity: Identity, manager: &'static str) -> Claimant {
         Claimant {
             store: LeaseStore::new(client.clone(), namespace, manager),
+            claim_store: CasStore::new(client.clone(), namespace, manager),
             locks: Api::namespaced(client, namespace),
             identity,
             metrics: ClientMetrics::unregistered(),
             retired: Arc::default(),
             claims: book::ClaimBook::default(),
+            born: Instant::now(),
         }
     }
 
@@ -150,13 +174,19 @@ impl Claimant {
 
     /// Reads a lock's timing; fails with [`AcquireError::UnknownLock`] if it does not exist.
     pub async fn timing(&self, lock: &str) -> Result<Timing, AcquireError> {
+        self.terms(lock).await.map(|t| t.timing)
+    }
+
+    /// Reads the terms a lock's spec gives a new hold (timing and max hold); fails with
+    /// [`AcquireError::UnknownLock`] if it does not exist.
+    pub async fn terms(&self, lock: &str) -> Result<GrantedTiming, AcquireError> {
         let (namespace, name) = (self.namespace().to_owned(), lock.to_owned());
         let read = tokio::time::timeout(crate::lease::cas::REQUEST_TIMEOUT, self.locks.get_opt(lock)).await;
         let Ok(read) = read else {
             return Err(AcquireError::ReadTimeout { namespace, lock: name, after: crate::lease::cas::REQUEST_TIMEOUT });
         };
         match read {
-            Ok(Some(dl)) => Ok(Timing::of(&dl.spec)),
+            Ok(Some(dl)) => Ok(GrantedTiming::of_spec(&dl.spec)),
             Ok(None) => Err(AcquireError::UnknownLock { namespace, lock: name }),
             Err(e) if status_code(&e) == Some(403) => {
                 Err(AcquireError::Forbidden { namespace, lock: name, message: e.to_string() })
@@ -178,7 +208,12 @@ impl Claimant {
         let mut states = lease_states(self.store.api().clone(), lock).boxed();
         let mut early = Vec::new();
         let (timing, claimed) = {
-            let setup = async { tokio::join!(self.timing(lock), self.claim_anew(lock)) };
+            let setup = async {
+                tokio::join!(
+                    self.retrying(deadline, || self.terms(lock)),
+                    self.retrying(deadline, || self.claim_anew(lock))
+                )
+            };
             tokio::pin!(setup);
             loop {
                 tokio::select! {
@@ -192,7 +227,7 @@ impl Claimant {
                 }
             }
         };
-        let timing = match timing {
+        let terms = match timing {
             Ok(t) => t,
             Err(e) => {
                 guard.armed = false;
@@ -203,6 +238,7 @@ impl Claimant {
             }
         };
         claimed?;
+        let timing = terms.timing;
         // Besides the watch, the lock Lease is read at every claim refresh: a watch whose
         // connection died without a word (a restarted apiserver behind a proxy, a dropped
         // network path) would otherwise hide our grant until its server-side timeout.
@@ -214,12 +250,22 @@ impl Claimant {
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
         let floor = self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or(0);
         let mut missed_grant = false;
+        let mut leftover: Option<tokio::time::Instant> = None;
+        // The latest grant whose confirmation the apiserver refused (it did not land).
+        let mut unconfirmed: Option<i64> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {
                     guard.armed = false;
                     self.withdraw(lock, ticket).await;
                     return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
+                }
+                // Look at the Lease again once an earlier process's hold may be given back.
+                _ = tokio::time::sleep_until(leftover.unwrap_or(deadline)), if leftover.is_some() => {
+                    leftover = None;
+                    if let Ok(Some(lease)) = self.store.get(lock).await {
+                        let _ = polled.unbounded_send(Some(lease));
+                    }
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
                     self.ensure_claim(lock, &timing).await?;
@@ -231,6 +277,16 @@ impl Claimant {
                 state = states.next() => {
                     let Some(Some(lease)) = state else { continue };
                     let Some(token) = edit::granted_token(&lease, &self.identity) else {
+                        // A grant whose confirmation was refused (its Lease was replaced or
+                        // deleted under it) was never reported held: if the controller now
+                        // drains it, acknowledge at once rather than let the lock wait
+                        // out a lease duration for nothing.
+                        if let Some(cleared) = unconfirmed.and_then(|t| edit::given_back(&lease, &self.identity, t)) {
+                            debug!(lock, token = unconfirmed, "acknowledging the drain of a grant never confirmed");
+                            if let Err(e) = self.store.replace(&cleared).await {
+                                debug!(lock, error = %e, "failed to acknowledge the drain of an unconfirmed grant");
+                            }
+                        }
                         // A grant we could not confirm was taken back, and our claim with it:
                         // claim again now rather than at the next refresh.
                         if std::mem::take(&mut missed_grant) {
@@ -244,6 +300,18 @@ impl Claimant {
                     // with our identity). Never report it held: give it back so the
                     // controller grants afresh, with a higher token.
                     if token <= floor || edit::is_confirmed(&lease) {
+                        // An earlier process may have told its app that it holds until that
+                        // process's renew deadline, which runs out at the latest one renew
+                        // deadline after we were made: the hold is given back only then.
+                        // (A hold of our own was given to us and ended before we queue.)
+                        if token > floor {
+                            let told_until = self.born + granted::of_lease(&lease, &terms).timing.renew_deadline;
+                            if told_until > Instant::now() {
+                                debug!(lock, token, "an earlier process's hold: giving it back after its renew deadline");
+                                leftover = Some(tokio::time::Instant::from_std(told_until));
+                                continue;
+                            }
+                        }
                         debug!(lock, token, "giving back a leftover hold");
                         if let Err(e) = self.store.replace(&edit::released(&lease)).await {
                             debug!(lock, error = %e, "failed to give back a leftover hold");
@@ -260,7 +328,7 @@ impl Claimant {
                                 self.clone(),
                                 lock,
                                 ticket,
-                                timing,
+                                terms,
                                 hold::Confirmed { token, lease: confirmed, sent },
                                 states,
                             ));
@@ -270,13 +338,33 @@ impl Claimant {
                         Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => {
                             debug!(lock, token, "grant changed before confirmation");
                             missed_grant = true;
+                            unconfirmed = Some(token);
                         }
-                        Err(CasError::Forbidden { message, .. }) => {
-                            return Err(AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message });
-                        }
-                        Err(e) => return Err(e.into()),
+                        Err(e) => return Err(self.refused(lock, e)),
                     }
                 }
+            }
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or the next try would start past
+    /// `deadline` (the caller's wait): a busy or briefly unreachable apiserver costs time,
+    /// not the acquisition.
+    async fn retrying<T, F, Fut>(&self, deadline: tokio::time::Instant, mut attempt: F) -> Result<T, AcquireError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, AcquireError>>,
+    {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match attempt().await {
+                Err(e) if e.is_transient() && tokio::time::Instant::now() + pause < deadline => {
+                    debug!(error = %e, ?pause, "apiserver not answering as it should; trying again");
+                    self.metrics.apiserver_retries.inc();
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
             }
         }
     }
@@ -291,61 +379,81 @@ impl Claimant {
         let name = self.identity.claim_name(lock);
         let _writing = self.claims.write(lock).await;
         for _ in 0..3 {
-            match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
-                Ok(_) => {
+            match self.claim_store.create(&edit::lock_claim(lock, &self.identity, ttl, Timestamp::now())).await {
+                Ok(created) => {
                     debug!(lock, claim = %name, "claimed");
+                    self.claims.set_uid(lock, created.metadata.uid);
                     return Ok(());
                 }
                 Err(CasError::AlreadyExists { .. }) => {
                     debug!(lock, claim = %name, "replacing a leftover claim");
-                    self.store.delete(&name, None).await?;
+                    self.claim_store.delete(&name, None).await.map_err(|e| self.refused(lock, e))?;
                 }
-                Err(CasError::Forbidden { message, .. }) => {
-                    return Err(AcquireError::Forbidden {
-                        namespace: self.namespace().into(),
-                        lock: lock.into(),
-                        message,
-                    });
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.refused(lock, e)),
             }
         }
-        Err(CasError::AlreadyExists { namespace: self.namespace().into(), name }.into())
+        Err(CasError::AlreadyExists { kind: "lockclaim".into(), namespace: self.namespace().into(), name }.into())
     }
 
-    /// Refreshes our claim on `lock` with its real lifetime, or creates it again if it is
-    /// gone (the controller dropped it, or a grant we could not confirm took it along).
+    /// Refreshes our claim on `lock` with its real lifetime (compare-and-swap), or creates
+    /// it again if it is gone (the controller dropped it, or a grant we could not confirm
+    /// took it along) or is not ours (squatted: replaced).
     async fn ensure_claim(&self, lock: &str, timing: &Timing) -> Result<(), AcquireError> {
         let ttl = claim_ttl(timing);
         let ttl = i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
-        let forbidden =
-            |message| AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message };
         let _writing = self.claims.write(lock).await;
         // A claim deleted between our create and our refresh (the controller dropping it
         // as stale) is created again: a claimant that believes it waits must have a claim.
         for _ in 0..3 {
-            let Some(mut existing) = self.store.get(&name).await? else {
-                match self.store.create(&edit::claim_lease(lock, &self.identity, ttl, Timestamp::now())).await {
-                    Ok(_) => return Ok(()),
-                    Err(CasError::AlreadyExists { .. }) => continue,
-                    Err(CasError::Forbidden { message, .. }) => return Err(forbidden(message)),
-                    Err(e) => return Err(e.into()),
+            let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
+            let written = match existing {
+                None => self.claim_store.create(&edit::lock_claim(lock, &self.identity, ttl, Timestamp::now())).await,
+                Some(claim) if !edit::is_our_claim(&claim, lock, &self.identity) => {
+                    warn!(lock, claim = %name, claimant = %claim.spec.claimant, "replacing a claim made in our name by someone else");
+                    let uid = claim.metadata.uid.clone().unwrap_or_default();
+                    self.claim_store
+                        .delete_if(&name, Precondition::Uid(&uid))
+                        .await
+                        .map_err(|e| self.refused(lock, e))?;
+                    continue;
                 }
+                Some(claim) => self.claim_store.replace(&edit::refreshed(&claim, ttl, Timestamp::now())).await,
             };
-            if let Some(spec) = existing.spec.as_mut() {
-                spec.lease_duration_seconds = Some(ttl);
-            }
-            match self.store.replace(&edit::renewed(&existing, Timestamp::now())).await {
-                Ok(_) => return Ok(()),
-                Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,
-                Err(CasError::Forbidden { message, .. }) => return Err(forbidden(message)),
-                Err(e) => return Err(e.into()),
+            match written {
+                Ok(claim) => {
+                    self.claims.set_uid(lock, claim.metadata.uid);
+                    return Ok(());
+                }
+                Err(CasError::AlreadyExists { .. } | CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,
+                Err(e) => return Err(self.refused(lock, e)),
             }
         }
         // Still contended: the next refresh tries again.
         debug!(lock, claim = %name, "claim kept changing under us");
         Ok(())
+    }
+
+    /// An error of a claim write as an acquisition error: refusals name the lock.
+    fn refused(&self, lock: &str, error: CasError) -> AcquireError {
+        match error {
+            CasError::Forbidden { message, .. } | CasError::Unauthorized { message, .. } => {
+                AcquireError::Forbidden { namespace: self.namespace().into(), lock: lock.into(), message }
+            }
+            e => e.into(),
+        }
+    }
+
+    /// Deletes our claim on `lock` (only the claim object we made, when we know it).
+    /// Call while holding the claim book's write gate for `lock`.
+    async fn delete_claim(&self, lock: &str) -> Result<(), CasError> {
+        let uid = self.claims.uid(lock);
+        let precondition = uid.as_deref().map_or(Precondition::None, Precondition::Uid);
+        let result = self.claim_store.delete_if(&self.identity.claim_name(lock), precondition).await;
+        if result.is_ok() {
+            self.claims.set_uid(lock, None);
+        }
+        result
     }
 
     /// Withdraws acquisition `ticket` from `lock`: deletes our claim, then gives back a
@@ -354,11 +462,11 @@ impl Claimant {
     /// its.
     pub(crate) async fn withdraw(&self, lock: &str, ticket: book::Ticket) {
         let Some(_writing) = self.claims.withdrawal(lock, ticket).await else { return };
-        if let Err(e) = self.store.delete(&self.identity.claim_name(lock), None).await {
+        if let Err(e) = self.delete_claim(lock).await {
             debug!(lock, error = %e, "failed to delete claim");
         }
         if let Ok(Some(lease)) = self.store.get(lock).await
-            && edit::holder(&lease) == Some(self.identity.id.as_str())
+            && edit::names_us(&lease, &self.identity)
             && let Err(e) = self.store.replace(&edit::released(&lease)).await
         {
             debug!(lock, error = %e, "failed to give back an unconfirmed grant");
@@ -371,7 +479,7 @@ const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(45);
 
 /// How long a waiting claim lives without refresh; the controller drops older ones.
 pub fn claim_ttl(timing: &Timing) -> Duration {
-    (timing.lease_duration * 3).max(Duration::from_secs(30))
+    timing.claim_ttl()
 }
 
 /// How often a waiting claimant refreshes its claim.
@@ -394,6 +502,53 @@ impl Drop for Withdraw {
         {
             let (claimant, lock, ticket) = (self.claimant.clone(), std::mem::take(&mut self.lock), self.ticket);
             runtime.spawn(async move { claimant.withdraw(&lock, ticket).await });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Status::failure("refused", "Reason").with_code(code).boxed())
+    }
+
+    fn lease(source: kube::Error) -> AcquireError {
+        let at = |kind: &str| (kind.to_owned(), "ns".to_owned(), "db".to_owned());
+        let (kind, namespace, name) = at("lease");
+        AcquireError::Lease(CasError::Api { verb: "create", kind, namespace, name, source })
+    }
+
+    #[test]
+    fn only_a_busy_failing_or_silent_apiserver_is_worth_another_try() {
+        let read = |source| AcquireError::ReadLock { namespace: "ns".into(), lock: "db".into(), source };
+        let table: Vec<(&str, AcquireError, bool)> = vec![
+            ("429 on the read", read(api(429)), true),
+            ("503 on the read", read(api(503)), true),
+            (
+                "no answer to the read",
+                AcquireError::ReadTimeout { namespace: "ns".into(), lock: "db".into(), after: Duration::from_secs(5) },
+                true,
+            ),
+            ("429 on the claim", lease(api(429)), true),
+            ("500 on the claim", lease(api(500)), true),
+            ("422 on the claim", lease(api(422)), false),
+            ("unknown lock", AcquireError::UnknownLock { namespace: "ns".into(), lock: "db".into() }, false),
+            (
+                "forbidden",
+                AcquireError::Forbidden { namespace: "ns".into(), lock: "db".into(), message: "no".into() },
+                false,
+            ),
+            (
+                "timed out waiting",
+                AcquireError::Timeout { namespace: "ns".into(), lock: "db".into(), waited: Duration::from_secs(1) },
+                false,
+            ),
+        ];
+        for (name, error, transient) in table {
+            assert_eq!(error.is_transient(), transient, "{name}: {error}");
         }
     }
 }

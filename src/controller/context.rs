@@ -13,7 +13,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
-use crate::crd::{DistributedLock, DistributedLockStatus};
+use crate::crd::{DistributedLock, DistributedLockStatus, ForceReleaseRequest, LockClaim};
 use crate::lease::clock::Sighting;
 use crate::lease::election::Leadership;
 use crate::metrics::ControllerMetrics;
@@ -25,6 +25,13 @@ pub struct Settings {
     pub confirm_timeout: Duration,
     /// Grant sidecar permissions per namespace from each lock's `spec.clients`.
     pub manage_rbac: bool,
+    /// Approvals a force release needs when a lock does not say
+    /// (`spec.forceRelease.approvals`).
+    pub force_release_approvals: u32,
+    /// The owner of what the controller creates outside its locks (the client Roles and
+    /// RoleBindings, the election Lease): the installation's ClusterRole, so that
+    /// uninstalling it has the garbage collector delete them.
+    pub owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
 }
 
 /// A lock's key: namespace and name.
@@ -33,6 +40,9 @@ pub type LockKey = (String, String);
 /// What identifies one renewal of a hold.
 pub type HolderKey = (String, Option<i64>, Option<MicroTime>);
 
+/// What identifies one hold (whatever its renewals): holder and token.
+pub type HoldKey = (String, Option<i64>);
+
 /// The controller's memory of one lock, valid for one leadership term.
 #[derive(Default)]
 pub struct LockMemory {
@@ -40,6 +50,14 @@ pub struct LockMemory {
     pub uid: String,
     /// Since when the current hold's renewal record has been unchanged.
     pub holder: Option<Sighting<HolderKey>>,
+    /// Since when the current hold has existed: our grant, or our first sighting of it.
+    pub hold: Option<Sighting<HoldKey>>,
+    /// For the drain of the revoked token in `key`: since the last renewal seen before the
+    /// revocation (or our first sighting of the drain).
+    pub drain: Option<Sighting<Option<i64>>>,
+    /// What a reconcile did that status does not show yet (its status write failed):
+    /// applied with the next status write, so nothing is lost or counted twice.
+    pub pending: Option<super::status::Outcome>,
     /// Per claim UID, since when its refresh has been unchanged.
     pub claims: HashMap<String, Sighting<Option<MicroTime>>>,
     /// The status last applied.
@@ -47,6 +65,9 @@ pub struct LockMemory {
     /// The lock Lease as last written by us, with the resourceVersion it replaced: used
     /// instead of the cache while the cache still shows that older version.
     pub written: Option<(Option<String>, Lease)>,
+    /// The lock Lease as last decided from or written in this term: if it is deleted,
+    /// the hold it carried is drained on the re-created one.
+    pub seen: Option<Lease>,
 }
 
 /// Shared by all reconciles.
@@ -55,8 +76,12 @@ pub struct Context {
     pub client: Client,
     /// Cached DistributedLocks.
     pub locks: Store<DistributedLock>,
-    /// Cached lock and claim Leases.
+    /// Cached lock Leases.
     pub leases: Store<Lease>,
+    /// Cached LockClaims.
+    pub claims: Store<LockClaim>,
+    /// Cached ForceReleaseRequests.
+    pub requests: Store<ForceReleaseRequest>,
     /// Cached Pod metadata.
     pub pods: Store<PartialObjectMeta<Pod>>,
     /// Metrics.
@@ -79,7 +104,7 @@ pub struct Context {
     /// ServiceAccount of each claimant Pod seen (by Pod UID; immutable for a Pod).
     pub pod_accounts: Mutex<HashMap<String, String>>,
     /// Namespaces whose claimant RBAC is in place, with the subjects bound.
-    pub rbac: Mutex<HashMap<String, String>>,
+    pub rbac: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<String>>>>>,
 }
 
 impl Context {

@@ -1,15 +1,30 @@
 //! The arbiter's decision for one lock, as a pure function of what was observed.
 //!
-//! Revocation and the next grant happen in one compare-and-swap when someone waits: the
-//! failed holder's token is made stale by the new grant's higher token, and the lock is
-//! never free for longer than one write.
+//! The rule: nobody is granted while a revoked holder may still believe it holds.
+//! - A holder that stopped renewing (expired: no renewal seen for its lease duration) or
+//!   never confirmed its grant cannot believe it holds: its revocation and the next grant
+//!   are one write, the new, higher token making the old one stale at once.
+//! - A holder that may be alive and believing — revoked by an operator, for its maximum
+//!   age, because its Pod is gone, or because the lock is deleted — is *drained*: one write
+//!   raises the token (fenced resources refuse the old one at once) and marks the Lease
+//!   draining while still naming the holder; the next grant waits until the holder
+//!   acknowledges (clears itself, once its app has let go) or until its lease duration
+//!   has passed since the last renewal seen before the revocation, by which time it has
+//!   self-fenced.
+//!
+//! Every duration is judged on the controller's monotonic clock and under the timing the
+//! hold was granted with.
 
 use std::time::Duration;
 
-use crate::lease::{Timing, token};
+use crate::lease::{GrantedTiming, token};
 use crate::metrics::RevokeReason;
 
-/// What the controller knows about the current hold.
+/// Test only (`broken-regrant-at-once`): revoke and grant in one write for every reason,
+/// never draining, to show that the fault suite catches a controller that does.
+const REGRANT_AT_ONCE: bool = cfg!(feature = "broken-regrant-at-once");
+
+/// What the controller knows about a hold that is granted (not draining).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HolderState {
     /// The token on the Lease (`None`: not a grant of ours, revoke it).
@@ -18,33 +33,69 @@ pub struct HolderState {
     pub confirmed: bool,
     /// How long the holder's renewal record has been unchanged on our clock.
     pub unchanged_for: Duration,
-    /// Wall-clock age of the hold, from the Lease's acquireTime.
+    /// Age of the hold on our clock: since our grant, or since we first saw it in this
+    /// leadership term (never more than its true age).
     pub held_for: Duration,
     /// The holder's Pod is gone (deleted, or re-created with a new UID).
     pub pod_gone: bool,
     /// The holder's claim still exists (an unconfirmed grant whose claim is gone was
     /// withdrawn).
     pub claim_present: bool,
+    /// A force release targets this hold.
+    pub forced: bool,
+}
+
+/// What the controller knows about a revoked hold being drained.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrainState {
+    /// The holder acknowledged (cleared itself from the Lease).
+    pub acknowledged: bool,
+    /// How long since the last renewal seen before the revocation, on our clock (since
+    /// our first sighting of the drain in this term, when that is later).
+    pub since_renewal: Duration,
+}
+
+/// The lock Lease's state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Current {
+    /// Nobody holds it.
+    Free,
+    /// Granted.
+    Held(HolderState),
+    /// A revoked hold is being drained.
+    Draining(DrainState),
+}
+
+/// The lock Lease's token, as judged against what a controller could have minted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokens {
+    /// Trusted: the highest token known from every source.
+    Known(i64),
+    /// The Lease records a token no controller could have minted (above the ceiling).
+    Tampered {
+        /// The token found.
+        found: i64,
+        /// The highest a controller could have minted.
+        ceiling: i64,
+    },
 }
 
 /// Everything the decision depends on.
 #[derive(Clone, Debug)]
 pub struct Inputs {
-    /// The lock's timing.
-    pub timing: Timing,
-    /// Revoke holds older than this.
-    pub max_hold: Option<Duration>,
+    /// The terms the current hold was granted under (for a free lock: the lock's now).
+    pub terms: GrantedTiming,
     /// Revoke grants not confirmed within this.
     pub confirm_timeout: Duration,
-    /// The current hold, if any.
-    pub holder: Option<HolderState>,
+    /// The Lease's state.
+    pub current: Current,
     /// How many live claimants wait (the head is served).
     pub waiting: usize,
-    /// An operator asked for a forced release.
-    pub force: bool,
-    /// The highest token known from every source.
-    pub previous_token: i64,
-    /// Wall clock, ms.
+    /// The DistributedLock is being deleted.
+    pub deleting: bool,
+    /// The tokens known.
+    pub tokens: Tokens,
+    /// Wall clock, ms (a minting source).
     pub wall_clock_ms: i64,
 }
 
@@ -57,43 +108,74 @@ pub struct Revocation {
     pub token: Option<i64>,
 }
 
+/// Why nothing can be granted.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Blocked {
+    /// Every token has been issued.
+    TokenExhausted,
+    /// The Lease records a token above what a controller could have minted.
+    TokenTampered {
+        /// The token found.
+        found: i64,
+        /// The highest a controller could have minted.
+        ceiling: i64,
+    },
+}
+
 /// The decision.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// Nothing to write; look again after `recheck` if set.
     Keep {
-        /// When a deadline (expiry, confirmation, max hold) falls due.
+        /// When a deadline (expiry, confirmation, max hold, drain) falls due.
         recheck: Option<Duration>,
     },
     /// Grant the head of the queue with `token`, revoking the current hold in the same
-    /// write if there is one.
+    /// write if there is one (only a hold that cannot believe it holds).
     Grant {
         /// The new token.
         token: i64,
         /// The hold revoked by this grant.
         revoked: Option<Revocation>,
     },
-    /// Revoke the current hold, nobody waits: clear the holder and record `raise_to` as
-    /// the lock's token so the revoked one is stale at once.
+    /// Revoke the current hold in one write, nobody waits: clear the holder and record
+    /// `raise_to` so that the revoked token is stale at once.
     Revoke {
         /// The revocation.
         revocation: Revocation,
-        /// The token recorded on the Lease after revocation.
+        /// The token recorded on the Lease.
         raise_to: i64,
     },
+    /// Revoke the current hold, keeping its holder named until it acknowledges or the
+    /// drain times out: record `raise_to` (the old token is stale at once) and mark the
+    /// Lease draining the old token.
+    Drain {
+        /// The revocation.
+        revocation: Revocation,
+        /// The token recorded on the Lease.
+        raise_to: i64,
+        /// When the drain times out if the holder does not acknowledge.
+        recheck: Duration,
+    },
+    /// The drain is over and nobody waits: write the Lease free.
+    Free,
+    /// The lock is being deleted and nobody can believe they hold it: delete the Lease.
+    DeleteLease,
+    /// Nothing can be granted or revoked; report why.
+    Blocked(Blocked),
 }
 
-/// Why the current hold must end now, if it must; else when to look again.
+/// Why the granted hold `h` must end now, if it must; else when to look again.
 fn judge(h: &HolderState, i: &Inputs) -> Result<Option<Duration>, RevokeReason> {
-    if i.force {
-        return Err(RevokeReason::Forced);
-    }
     // A holder without a token was not granted by a controller.
     if h.token.is_none() {
         return Err(RevokeReason::Unconfirmed);
     }
-    if h.pod_gone {
-        return Err(RevokeReason::PodGone);
+    if h.forced {
+        return Err(RevokeReason::Forced);
+    }
+    if i.deleting {
+        return Err(RevokeReason::LockDeleted);
     }
     let mut recheck = Vec::new();
     if !h.confirmed {
@@ -102,11 +184,15 @@ fn judge(h: &HolderState, i: &Inputs) -> Result<Option<Duration>, RevokeReason> 
         }
         recheck.push(i.confirm_timeout - h.unchanged_for);
     }
-    if h.unchanged_for >= i.timing.lease_duration {
+    if h.pod_gone {
+        return Err(RevokeReason::PodGone);
+    }
+    let lease = i.terms.timing.lease_duration;
+    if h.unchanged_for >= lease {
         return Err(RevokeReason::Expired);
     }
-    recheck.push(i.timing.lease_duration - h.unchanged_for);
-    if let Some(max) = i.max_hold {
+    recheck.push(lease - h.unchanged_for);
+    if let Some(max) = i.terms.max_hold {
         if h.held_for >= max {
             return Err(RevokeReason::MaxHold);
         }
@@ -115,20 +201,55 @@ fn judge(h: &HolderState, i: &Inputs) -> Result<Option<Duration>, RevokeReason> 
     Ok(recheck.into_iter().min())
 }
 
+/// Whether revoking `h` for `reason` must drain: the holder may be alive and believing
+/// (it confirmed, and renewed within its lease duration).
+fn must_drain(reason: &RevokeReason, h: &HolderState, i: &Inputs) -> bool {
+    let believing = h.confirmed && h.unchanged_for < i.terms.timing.lease_duration;
+    let drains = matches!(
+        reason,
+        RevokeReason::Forced | RevokeReason::MaxHold | RevokeReason::PodGone | RevokeReason::LockDeleted
+    );
+    drains && believing && !REGRANT_AT_ONCE
+}
+
+/// Time left in a drain, zero when it is over.
+fn drain_left(d: &DrainState, i: &Inputs) -> Duration {
+    if d.acknowledged { Duration::ZERO } else { i.terms.timing.lease_duration.saturating_sub(d.since_renewal) }
+}
+
 /// Decides what to write for one lock.
 pub fn decide(i: &Inputs) -> Decision {
-    let next_token = token::mint(i.previous_token, i.wall_clock_ms);
-    match &i.holder {
-        None if i.waiting > 0 => Decision::Grant { token: next_token, revoked: None },
-        None => Decision::Keep { recheck: None },
-        Some(h) => match judge(h, i) {
+    let previous = match i.tokens {
+        Tokens::Known(previous) => previous,
+        Tokens::Tampered { found, ceiling } => return Decision::Blocked(Blocked::TokenTampered { found, ceiling }),
+    };
+    let next = token::mint(previous, i.wall_clock_ms);
+    let minted = |decision: fn(i64) -> Decision| next.map_or(Decision::Blocked(Blocked::TokenExhausted), decision);
+    match &i.current {
+        Current::Free if i.deleting => Decision::DeleteLease,
+        Current::Free if i.waiting > 0 => minted(|token| Decision::Grant { token, revoked: None }),
+        Current::Free => Decision::Keep { recheck: None },
+        Current::Draining(d) => match drain_left(d, i) {
+            left if !left.is_zero() => Decision::Keep { recheck: Some(left) },
+            _ if i.deleting => Decision::DeleteLease,
+            _ if i.waiting > 0 => minted(|token| Decision::Grant { token, revoked: None }),
+            _ => Decision::Free,
+        },
+        Current::Held(h) => match judge(h, i) {
             Ok(recheck) => Decision::Keep { recheck },
             Err(reason) => {
                 let revocation = Revocation { reason, token: h.token };
-                if i.waiting > 0 {
-                    Decision::Grant { token: next_token, revoked: Some(revocation) }
+                let Some(raise_to) = next else { return Decision::Blocked(Blocked::TokenExhausted) };
+                if must_drain(&revocation.reason, h, i) {
+                    let recheck = i.terms.timing.lease_duration.saturating_sub(h.unchanged_for);
+                    Decision::Drain { revocation, raise_to, recheck }
+                } else if i.deleting {
+                    // Nobody can believe they hold it: nothing to keep the Lease for.
+                    Decision::DeleteLease
+                } else if i.waiting > 0 {
+                    Decision::Grant { token: raise_to, revoked: Some(revocation) }
                 } else {
-                    Decision::Revoke { revocation, raise_to: next_token }
+                    Decision::Revoke { revocation, raise_to }
                 }
             }
         },
@@ -136,93 +257,4 @@ pub fn decide(i: &Inputs) -> Decision {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const S: Duration = Duration::from_secs(1);
-
-    fn inputs(holder: Option<HolderState>, waiting: usize) -> Inputs {
-        Inputs {
-            timing: Timing { lease_duration: 15 * S, renew_deadline: 10 * S, retry_period: 2 * S },
-            max_hold: Some(60 * S),
-            confirm_timeout: S,
-            holder,
-            waiting,
-            force: false,
-            previous_token: 100,
-            wall_clock_ms: 50,
-        }
-    }
-
-    fn held(unchanged_s: u32) -> HolderState {
-        HolderState {
-            token: Some(100),
-            confirmed: true,
-            unchanged_for: unchanged_s * S,
-            held_for: 30 * S,
-            pod_gone: false,
-            claim_present: true,
-        }
-    }
-
-    fn revoke(reason: RevokeReason) -> Decision {
-        Decision::Revoke { revocation: Revocation { reason, token: Some(100) }, raise_to: 101 }
-    }
-
-    #[test]
-    fn decision_table() {
-        let grant_next =
-            |reason| Decision::Grant { token: 101, revoked: Some(Revocation { reason, token: Some(100) }) };
-        let cases: Vec<(&str, Inputs, Decision)> = vec![
-            ("free, nobody waits", inputs(None, 0), Decision::Keep { recheck: None }),
-            ("free, someone waits", inputs(None, 2), Decision::Grant { token: 101, revoked: None }),
-            ("held, renewing", inputs(Some(held(3)), 1), Decision::Keep { recheck: Some(12 * S) }),
-            ("held, one tick before expiry", inputs(Some(held(14)), 1), Decision::Keep { recheck: Some(S) }),
-            ("expired, waiter", inputs(Some(held(15)), 1), grant_next(RevokeReason::Expired)),
-            ("expired, no waiter", inputs(Some(held(15)), 0), revoke(RevokeReason::Expired)),
-            ("pod gone", inputs(Some(HolderState { pod_gone: true, ..held(0) }), 0), revoke(RevokeReason::PodGone)),
-            (
-                "unconfirmed in time",
-                inputs(Some(HolderState { confirmed: false, unchanged_for: S / 4, ..held(0) }), 0),
-                Decision::Keep { recheck: Some(S * 3 / 4) },
-            ),
-            (
-                "unconfirmed too long",
-                inputs(Some(HolderState { confirmed: false, ..held(1) }), 1),
-                grant_next(RevokeReason::Unconfirmed),
-            ),
-            (
-                "unconfirmed, claim withdrawn",
-                inputs(Some(HolderState { confirmed: false, claim_present: false, ..held(0) }), 0),
-                revoke(RevokeReason::Unconfirmed),
-            ),
-            (
-                "confirmed holder without claim keeps holding",
-                inputs(Some(HolderState { claim_present: false, ..held(0) }), 0),
-                Decision::Keep { recheck: Some(15 * S) },
-            ),
-            ("max hold", inputs(Some(HolderState { held_for: 60 * S, ..held(0) }), 0), revoke(RevokeReason::MaxHold)),
-            ("forced", Inputs { force: true, ..inputs(Some(held(0)), 0) }, revoke(RevokeReason::Forced)),
-        ];
-        for (name, input, expected) in cases {
-            assert_eq!(decide(&input), expected, "{name}");
-        }
-    }
-
-    #[test]
-    fn tokens_rise_with_a_backwards_clock() {
-        let mut i = inputs(None, 1);
-        i.previous_token = 1_700_000_000_000;
-        i.wall_clock_ms = 1_000;
-        assert_eq!(decide(&i), Decision::Grant { token: 1_700_000_000_001, revoked: None });
-    }
-
-    #[test]
-    fn a_hold_without_token_is_revoked() {
-        let i = inputs(Some(HolderState { token: None, ..held(0) }), 0);
-        assert!(matches!(
-            decide(&i),
-            Decision::Revoke { revocation: Revocation { reason: RevokeReason::Unconfirmed, token: None }, .. }
-        ));
-    }
-}
+mod tests;

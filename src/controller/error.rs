@@ -19,9 +19,33 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// Clearing the force-release annotation failed.
-    #[error("failed to clear the force-release annotation of distributedlock {namespace}/{name}: {source}")]
+    /// Stamping or clearing the force-release annotations failed.
+    #[error("failed to update the force-release annotations of distributedlock {namespace}/{name}: {source}")]
     Annotation {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing a ForceReleaseRequest's status failed.
+    #[error("failed to apply status of forcereleaserequest {namespace}/{name}: {source}")]
+    Request {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Adding or removing the finalizer failed.
+    #[error("failed to {verb} the finalizer of distributedlock {namespace}/{name}: {source}")]
+    Finalizer {
+        /// `add` or `remove`.
+        verb: &'static str,
         /// Namespace.
         namespace: String,
         /// Name.
@@ -73,6 +97,8 @@ impl Error {
             Error::Lease(e) => format!("lease_{}", e.category()),
             Error::Status { .. } => "status".into(),
             Error::Annotation { .. } => "annotation".into(),
+            Error::Request { .. } => "request".into(),
+            Error::Finalizer { .. } => "finalizer".into(),
             Error::Pod { .. } => "pod".into(),
             Error::Rbac { .. } => "rbac".into(),
             Error::Timeout { .. } => "timeout".into(),

@@ -1,6 +1,6 @@
 //! The controller: the arbiter that turns Leases into a fair, fenced lock.
 //!
-//! Every replica keeps its watch caches warm (DistributedLocks, lock and claim Leases,
+//! Every replica keeps its watch caches warm (DistributedLocks, lock Leases, LockClaims,
 //! Pod metadata) and serves the admission webhooks; only the elected leader reconciles.
 //! A new term (the election Lease taken over) forgets everything judged on the old one's
 //! clock; every (re)gained leadership, new term or resumed, reconciles every lock.
@@ -9,13 +9,24 @@
 //! clock → [`decide`] (pure) → write the lock Lease by compare-and-swap ([`build`]) →
 //! delete stale claims → apply the [`status`] that follows if it changed.
 
+pub mod apply;
 pub mod build;
+pub mod claims;
+pub mod clocks;
 pub mod context;
 pub mod decide;
 pub mod error;
+pub mod events;
+pub mod finalize;
+pub mod force;
+pub mod force_requests;
+pub mod lock_lease;
+pub mod pods;
 pub mod queue;
 pub mod rbac;
 pub mod reconcile;
+pub mod recreate;
+pub mod requests;
 pub mod status;
 pub mod view;
 
@@ -38,7 +49,7 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::crd::{DistributedLock, LABEL_LOCK};
+use crate::crd::{DistributedLock, ForceReleaseRequest, LABEL_LOCK, LockClaim};
 use crate::lease::election::{Elector, Leadership};
 use crate::lease::{LeaseStore, Timing};
 use crate::metrics::ControllerMetrics;
@@ -81,6 +92,16 @@ pub struct Config {
     /// Prepare claimant RBAC (Role and RoleBinding `leasehold-client`) in namespaces with locks.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub manage_rbac: bool,
+    /// Approvals (by people other than the requester) a force release needs on a lock
+    /// whose `spec.forceRelease.approvals` is unset; 0 keeps the one-step
+    /// `leasehold.dev/force-release` annotation. The chart sets 1.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=5), env = "LEASEHOLD_FORCE_RELEASE_APPROVALS")]
+    pub force_release_approvals: u32,
+    /// A ClusterRole that owns what the controller creates outside its locks (client Roles
+    /// and RoleBindings, the election Lease): deleting it (uninstalling the chart) has the
+    /// garbage collector delete them. The chart names its own.
+    #[arg(long)]
+    pub owner_cluster_role: Option<String>,
     /// Admission webhooks.
     #[command(flatten)]
     pub webhook: crate::webhook::Config,
@@ -110,6 +131,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mut registry = Registry::default();
     let metrics = ControllerMetrics::register(&mut registry);
     let mut tasks = tokio::task::JoinSet::new();
+    let owner = match &config.owner_cluster_role {
+        Some(name) => Some(rbac::owner(&client, name).await?),
+        None => None,
+    };
+    let managed: std::collections::BTreeMap<String, String> =
+        crate::crd::MANAGED_LABELS.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
 
     let leadership = if config.leader_elect {
         let timing = Timing {
@@ -120,6 +147,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         timing.validate().map_err(|e| anyhow::anyhow!("invalid election timing: {e}"))?;
         let store = LeaseStore::new(client.clone(), &config.election_namespace, crate::crd::MANAGER_CONTROLLER);
         let (elector, leadership) = Elector::new(store, &config.election_name, &identity, timing);
+        let elector = elector.created_with(managed, owner.iter().cloned().collect());
         let stop = shutdown.clone();
         tasks.spawn(async move {
             elector.run(stop).await;
@@ -143,12 +171,30 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .inspect(synced.marker("leases"))
         .touched_objects()
         .filter(only_objects);
+    let (claims, claim_writer) = reflector::store::<LockClaim>();
+    let claim_stream = watcher(scoped::<LockClaim>(&client, ns), watcher::Config::default())
+        .backoff(crate::lease::watch_backoff())
+        .modify(|c| c.managed_fields_mut().clear())
+        .reflect(claim_writer)
+        .inspect(synced.marker("lockclaims"))
+        .touched_objects()
+        .filter(only_objects);
+    let (rbac_tx, rbac_rx) = tokio::sync::mpsc::unbounded_channel();
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
         .modify(|p| p.managed_fields_mut().clear())
         .reflect(pod_writer)
         .inspect(synced.marker("pods"))
+        .inspect(rbac::on_pod_event(rbac_tx.clone()))
+        .touched_objects()
+        .filter(only_objects);
+    let (requests, request_writer) = reflector::store::<ForceReleaseRequest>();
+    let request_stream = watcher(scoped::<ForceReleaseRequest>(&client, ns), watcher::Config::default())
+        .backoff(crate::lease::watch_backoff())
+        .modify(|r| r.managed_fields_mut().clear())
+        .reflect(request_writer)
+        .inspect(synced.marker("forcereleaserequests"))
         .touched_objects()
         .filter(only_objects);
     let (locks, lock_writer) = reflector::store();
@@ -158,6 +204,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .modify(|l| l.managed_fields_mut().clear())
         .reflect(lock_writer)
         .inspect(synced.marker("distributedlocks"))
+        .inspect(rbac::on_lock_event(rbac_tx))
         .applied_objects()
         .filter(only_objects);
     let controller = Controller::for_stream(lock_stream, locks.clone());
@@ -167,10 +214,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         client: client.clone(),
         locks: locks.clone(),
         leases: leases.clone(),
+        claims: claims.clone(),
         pods: pods.clone(),
+        requests: requests.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
-        settings: Settings { confirm_timeout: config.confirm_timeout, manage_rbac: config.manage_rbac },
+        settings: Settings {
+            confirm_timeout: config.confirm_timeout,
+            manage_rbac: config.manage_rbac,
+            force_release_approvals: config.force_release_approvals,
+            owner,
+        },
         leadership: leadership.clone(),
         memory: Mutex::default(),
         tokens: Mutex::default(),
@@ -195,6 +249,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         });
     }
 
+    if config.manage_rbac {
+        let (ctx, stop, namespace) = (ctx.clone(), shutdown.clone(), config.namespace.clone());
+        tasks.spawn(async move {
+            rbac::follow(ctx, namespace, rbac_rx, stop).await?;
+            Ok(Completion::Stopped)
+        });
+    }
+
     let holders = ctx.holders.clone();
     let regained = futures::stream::unfold(leadership.regains(), |mut regains| async move {
         regains.changed().await.ok()?;
@@ -206,6 +268,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .watches_stream(lease_stream, |lease: Lease| {
                 let ns = lease.namespace().unwrap_or_default();
                 lease.labels().get(LABEL_LOCK).map(|lock| ObjectRef::new(lock).within(&ns))
+            })
+            .watches_stream(claim_stream, |claim: LockClaim| {
+                let ns = claim.namespace().unwrap_or_default();
+                Some(ObjectRef::new(&claim.spec.lock).within(&ns))
+            })
+            .watches_stream(request_stream, |request: ForceReleaseRequest| {
+                let ns = request.namespace().unwrap_or_default();
+                Some(ObjectRef::new(&request.spec.lock).within(&ns))
             })
             .watches_stream(pod_stream, move |pod: kube::core::PartialObjectMeta<Pod>| {
                 let ns = pod.namespace().unwrap_or_default();
@@ -229,8 +299,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     // The webhooks are served by every replica, leader or not.
     let webhook_bound = Arc::new(AtomicBool::new(config.webhook.webhook_addr.is_none()));
-    if let Some(server) =
-        crate::webhook::server::start(&config.webhook, client.clone(), webhook_bound.clone(), shutdown.clone()).await?
+    if let Some(server) = crate::webhook::server::start(
+        &config.webhook,
+        client.clone(),
+        config.force_release_approvals,
+        webhook_bound.clone(),
+        shutdown.clone(),
+    )
+    .await?
     {
         tasks.spawn(async move {
             server.await?;
@@ -261,7 +337,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
 /// Which watch caches have completed their first list, and which have been failing.
 #[derive(Clone, Default)]
-struct Synced(Arc<Mutex<[CacheHealth; 3]>>);
+struct Synced(Arc<Mutex<[CacheHealth; 5]>>);
 
 /// The health of one watch cache.
 #[derive(Clone, Copy, Default)]
@@ -285,7 +361,7 @@ fn only_objects<K>(item: &Result<K, watcher::Error>) -> futures::future::Ready<b
 const WATCH_FAILURE_GRACE: Duration = Duration::from_secs(30);
 
 impl Synced {
-    const NAMES: [&'static str; 3] = ["distributedlocks", "leases", "pods"];
+    const NAMES: [&'static str; 5] = ["distributedlocks", "forcereleaserequests", "leases", "lockclaims", "pods"];
 
     /// An `inspect` callback tracking cache `name`: synced at its first `InitDone`,
     /// failing while watch attempts fail.

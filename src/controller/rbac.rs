@@ -1,22 +1,50 @@
 //! Claimant permissions, prepared per namespace so app pods need no hand-written RBAC.
 //!
-//! For every namespace with locks, the controller applies a Role `leasehold-client`
-//! (Leases: read, watch, create, update, delete; DistributedLocks: read, watch) and a
-//! RoleBinding to the lock's `spec.clients` ServiceAccounts — all of the namespace's
-//! ServiceAccounts when any lock there leaves `clients` empty. RBAC cannot say "this
-//! Lease name only" for create, so the binding is per namespace: the union of the
-//! namespace's locks' clients.
+//! For every namespace with locks, the controller applies a Role `leasehold-client` and a
+//! RoleBinding to the locks' `spec.clients` ServiceAccounts (all of the namespace's
+//! ServiceAccounts when any lock there leaves `clients` empty; RBAC cannot say "this
+//! lock only" for a claim, so the binding is the union of the namespace's locks' clients):
+//! - LockClaims: create, get, list, watch, update, patch, delete (the claim guard lets
+//!   each claimant touch only its own);
+//! - DistributedLocks: get, list, watch;
+//! - Leases: get, list, watch, update — only the namespace's lock Leases, by
+//!   `resourceNames` (a list or watch with the field selector `metadata.name=<lock>` is
+//!   authorized by name). Other Leases of the namespace (other apps' leader elections) are
+//!   out of a client's reach.
+//! - Pods: get, list, watch — only the namespace's Pods that run the sidecar (labelled
+//!   `leasehold.dev/inject: "true"`), by `resourceNames`: each sidecar reads its own Pod's
+//!   container statuses (a list and watch by name) to release holds of an app container
+//!   that restarted. Other Pods of the namespace are out of reach.
+//!
+//! The names follow the locks and the Pods: recomputed from the caches at every reconcile,
+//! when a lock is deleted, and when a Pod with the sidecar appears or goes; applied only
+//! when they change. A namespace whose last lock is
+//! deleted keeps its Role without a Lease rule (and its RoleBinding, so that a lock
+//! re-created there is claimable at once). Both carry [`MANAGED_LABELS`], which find them,
+//! and, when the controller is given one (`--owner-cluster-role`), an owner reference to
+//! the installation's ClusterRole: uninstalling the chart deletes that ClusterRole, and
+//! the garbage collector then deletes every client Role and RoleBinding in every namespace
+//! — with no uninstall hook, no pod to schedule at uninstall time, and the same result
+//! when a GitOps tool prunes the release. One written after the owner is gone (a replica
+//! still shutting down) names an owner that no longer exists, and the garbage collector
+//! deletes it too.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 use super::context::Context;
 use super::error::Error;
-use crate::crd::{DistributedLock, MANAGER_CONTROLLER};
+use crate::crd::{DistributedLock, LABEL_INJECT, MANAGED_LABELS, MANAGER_CONTROLLER};
 
 /// Name of the Role and RoleBinding in each namespace.
 pub const CLIENT_ROLE: &str = "leasehold-client";
@@ -30,41 +58,80 @@ pub enum Clients {
     Named(BTreeSet<String>),
 }
 
-/// The clients of a namespace's locks, together.
-pub fn clients<'a>(locks: impl IntoIterator<Item = &'a DistributedLock>) -> Clients {
-    let mut named = BTreeSet::new();
-    for lock in locks {
-        if lock.spec.clients.is_empty() {
-            return Clients::All;
-        }
-        named.extend(lock.spec.clients.iter().cloned());
-    }
-    Clients::Named(named)
+/// What a namespace's claimants are given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Who; `None` when the namespace has no locks (the binding is left as it was, so
+    /// that a lock re-created under the same name finds its clients still bound).
+    pub clients: Option<Clients>,
+    /// The lock Lease names (one per lock, named like it), for `resourceNames`.
+    pub leases: BTreeSet<String>,
+    /// The names of the namespace's Pods that run the sidecar, for `resourceNames`.
+    pub pods: BTreeSet<String>,
 }
 
-/// The Role granted to claimants.
-pub fn role(namespace: &str) -> Role {
-    let rule = |group: &str, resource: &str, verbs: &[&str]| PolicyRule {
+/// The grant of a namespace with `locks` (including locks being deleted: their holder may
+/// still have to let go of its hold).
+pub fn grant<'a>(locks: impl IntoIterator<Item = &'a DistributedLock>) -> Grant {
+    let mut named = BTreeSet::new();
+    let mut all = false;
+    let mut leases = BTreeSet::new();
+    for lock in locks {
+        leases.insert(lock.name_any());
+        all |= lock.spec.clients.is_empty();
+        named.extend(lock.spec.clients.iter().cloned());
+    }
+    let clients = if all { Clients::All } else { Clients::Named(named) };
+    Grant { clients: (!leases.is_empty()).then_some(clients), leases, pods: BTreeSet::new() }
+}
+
+/// Whether a Pod runs the sidecar (opted in to injection).
+pub fn runs_sidecar(labels: &std::collections::BTreeMap<String, String>) -> bool {
+    labels.get(LABEL_INJECT).is_some_and(|v| v == "true")
+}
+
+fn metadata(namespace: &str, owner: Option<&OwnerReference>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(CLIENT_ROLE.into()),
+        namespace: Some(namespace.into()),
+        labels: Some(MANAGED_LABELS.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
+        owner_references: owner.map(|o| vec![o.clone()]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The Role granted to claimants of `namespace`, whose lock Leases are `leases` and whose
+/// Pods with the sidecar are `pods`, owned by `owner`.
+pub fn role(
+    namespace: &str,
+    leases: &BTreeSet<String>,
+    pods: &BTreeSet<String>,
+    owner: Option<&OwnerReference>,
+) -> Role {
+    let rule = |group: &str, resource: &str, verbs: &[&str], names: Option<&BTreeSet<String>>| PolicyRule {
         api_groups: Some(vec![group.into()]),
         resources: Some(vec![resource.into()]),
         verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        resource_names: names.map(|n| n.iter().cloned().collect()),
         ..PolicyRule::default()
     };
-    Role {
-        metadata: ObjectMeta {
-            name: Some(CLIENT_ROLE.into()),
-            namespace: Some(namespace.into()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(vec![
-            rule("coordination.k8s.io", "leases", &["get", "list", "watch", "create", "update", "delete"]),
-            rule("leasehold.dev", "distributedlocks", &["get", "list", "watch"]),
-        ]),
+    let mut rules = vec![
+        rule("leasehold.dev", "lockclaims", &["create", "get", "list", "watch", "update", "patch", "delete"], None),
+        rule("leasehold.dev", "distributedlocks", &["get", "list", "watch"], None),
+    ];
+    // An empty `resourceNames` would mean every Lease: no names, no rule.
+    if !leases.is_empty() {
+        rules.push(rule("coordination.k8s.io", "leases", &["get", "list", "watch", "update"], Some(leases)));
     }
+    // Likewise for Pods.
+    if !pods.is_empty() {
+        rules.push(rule("", "pods", &["get", "list", "watch"], Some(pods)));
+    }
+    Role { metadata: metadata(namespace, owner), rules: Some(rules) }
 }
 
-/// The RoleBinding of `clients` to the Role.
-pub fn binding(namespace: &str, clients: &Clients) -> RoleBinding {
+/// The RoleBinding of `clients` to the Role, owned by `owner`.
+pub fn binding(namespace: &str, clients: &Clients, owner: Option<&OwnerReference>) -> RoleBinding {
     let subjects = match clients {
         Clients::All => vec![Subject {
             kind: "Group".into(),
@@ -83,11 +150,7 @@ pub fn binding(namespace: &str, clients: &Clients) -> RoleBinding {
             .collect(),
     };
     RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(CLIENT_ROLE.into()),
-            namespace: Some(namespace.into()),
-            ..ObjectMeta::default()
-        },
+        metadata: metadata(namespace, owner),
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
@@ -97,28 +160,204 @@ pub fn binding(namespace: &str, clients: &Clients) -> RoleBinding {
     }
 }
 
-/// Applies the Role and RoleBinding of `namespace` if its clients changed since last time.
+/// Makes the Role and RoleBinding of `namespace` follow its locks (as cached), if they
+/// changed since last applied.
 pub async fn ensure(ctx: &Context, namespace: &str) -> Result<(), Error> {
+    // One writer per namespace at a time, and the locks read under that turn: two
+    // reconciles of one namespace's locks computing from caches of different ages could
+    // otherwise land their patches in one order and record them in the other, leaving a
+    // Role that lacks a lock Lease while the memory says it is current.
+    let gate = ctx.rbac.lock().expect("rbac memory is never poisoned").entry(namespace.to_owned()).or_default().clone();
+    let mut known = gate.lock().await;
     let locks = ctx.locks.state();
-    let clients = clients(locks.iter().filter(|l| l.namespace().as_deref() == Some(namespace)).map(|l| l.as_ref()));
-    let fingerprint = format!("{clients:?}");
-    let known = ctx.rbac.lock().expect("rbac memory is never poisoned").get(namespace).cloned();
+    let mut grant = grant(locks.iter().filter(|l| l.namespace().as_deref() == Some(namespace)).map(|l| l.as_ref()));
+    // Sidecars read their Pods only while the namespace has locks.
+    let with_locks = !grant.leases.is_empty();
+    grant.pods = ctx
+        .pods
+        .state()
+        .iter()
+        .filter(|p| with_locks && p.namespace().as_deref() == Some(namespace) && runs_sidecar(p.labels()))
+        .map(|p| p.name_any())
+        .collect();
+    let fingerprint = format!("{grant:?}");
     if known.as_deref() == Some(fingerprint.as_str()) {
         return Ok(());
     }
-    let params = PatchParams::apply(MANAGER_CONTROLLER).force();
     let err = |kind, source| Error::Rbac { kind, namespace: namespace.into(), name: CLIENT_ROLE.into(), source };
-    let roles: Api<Role> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut role = role(namespace);
-    role.metadata.managed_fields = None;
+    let params = PatchParams::apply(MANAGER_CONTROLLER).force();
+    let owner = ctx.settings.owner.as_ref();
+    let role = role(namespace, &grant.leases, &grant.pods, owner);
     let body = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": role.metadata, "rules": role.rules});
+    let roles: Api<Role> = Api::namespaced(ctx.client.clone(), namespace);
     roles.patch(CLIENT_ROLE, &params, &Patch::Apply(body)).await.map_err(|e| err("Role", e))?;
-    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), namespace);
-    let binding = binding(namespace, &clients);
-    let body = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": binding.metadata, "roleRef": binding.role_ref, "subjects": binding.subjects});
-    bindings.patch(CLIENT_ROLE, &params, &Patch::Apply(body)).await.map_err(|e| err("RoleBinding", e))?;
-    ctx.rbac.lock().expect("rbac memory is never poisoned").insert(namespace.to_owned(), fingerprint);
+    if let Some(clients) = &grant.clients {
+        let binding = binding(namespace, clients, owner);
+        let body = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": binding.metadata, "roleRef": binding.role_ref, "subjects": binding.subjects});
+        let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), namespace);
+        bindings.patch(CLIENT_ROLE, &params, &Patch::Apply(body)).await.map_err(|e| err("RoleBinding", e))?;
+    }
+    info!(namespace, leases = ?grant.leases, pods = grant.pods.len(), clients = ?grant.clients, "client RBAC applied");
+    *known = Some(fingerprint);
     Ok(())
+}
+
+/// The owner reference to ClusterRole `name`, read once at start-up (its UID is what the
+/// garbage collector compares).
+pub async fn owner(client: &kube::Client, name: &str) -> anyhow::Result<OwnerReference> {
+    use anyhow::Context as _;
+    let role = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone())
+        .get_opt(name)
+        .await
+        .with_context(|| format!("cannot read ClusterRole {name} (--owner-cluster-role)"))?
+        .with_context(|| format!("ClusterRole {name} (--owner-cluster-role) does not exist"))?;
+    Ok(owner_reference(name, &role.uid().with_context(|| format!("ClusterRole {name} has no UID"))?))
+}
+
+/// An owner reference to ClusterRole `name` with `uid`. It does not block the owner's
+/// deletion (that would need delete rights on the owner, and nothing should wait on it).
+pub fn owner_reference(name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: "ClusterRole".into(),
+        name: name.into(),
+        uid: uid.into(),
+        controller: None,
+        block_owner_deletion: None,
+    }
+}
+
+/// Namespaces whose client RBAC must be looked at again, beyond reconciles (which cover
+/// namespaces with locks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recheck {
+    /// A lock of this namespace was deleted.
+    Namespace(String),
+    /// A Pod with the sidecar appeared in, or went from, this namespace (looked at only if
+    /// the namespace has locks).
+    Pods(String),
+    /// The locks cache re-listed (a deletion may have gone unseen).
+    All,
+}
+
+/// A callback for the locks watch stream, after the cache was updated: asks for a recheck
+/// on every deletion and every re-list.
+pub fn on_lock_event(
+    tx: mpsc::UnboundedSender<Recheck>,
+) -> impl FnMut(&Result<watcher::Event<DistributedLock>, watcher::Error>) {
+    move |event| {
+        let recheck = match event {
+            Ok(watcher::Event::Delete(lock)) => Recheck::Namespace(lock.namespace().unwrap_or_default()),
+            Ok(watcher::Event::InitDone) => Recheck::All,
+            _ => return,
+        };
+        // The receiver lives as long as the controller; a send fails only at shutdown.
+        let _ = tx.send(recheck);
+    }
+}
+
+/// A callback for the Pods watch stream, after the cache was updated: asks for a recheck of
+/// the namespace when a Pod with the sidecar appears or goes (not on its status updates),
+/// and of every namespace on a re-list.
+pub fn on_pod_event(
+    tx: mpsc::UnboundedSender<Recheck>,
+) -> impl FnMut(&Result<watcher::Event<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Pod>>, watcher::Error>)
+{
+    let mut known: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+    move |event| {
+        let recheck = match event {
+            Ok(watcher::Event::Apply(pod)) if runs_sidecar(pod.labels()) => {
+                let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                if !known.insert(key.clone()) {
+                    return;
+                }
+                Recheck::Pods(key.0)
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                if !known.remove(&key) {
+                    return;
+                }
+                Recheck::Pods(key.0)
+            }
+            Ok(watcher::Event::InitDone) => Recheck::All,
+            _ => return,
+        };
+        // The receiver lives as long as the controller; a send fails only at shutdown.
+        let _ = tx.send(recheck);
+    }
+}
+
+/// How long a failed recheck waits before the next attempt.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Keeps client RBAC current where reconciles do not reach: namespaces whose locks were
+/// deleted. On every (re)gained leadership and re-list, every namespace with a Role of
+/// ours is looked at too (only `namespace` when the controller watches one).
+pub async fn follow(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    mut rechecks: mpsc::UnboundedReceiver<Recheck>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut pending: BTreeSet<String> = BTreeSet::new();
+    let mut regains = ctx.leadership.regains();
+    let mut sweep = true;
+    // Nothing is judged before the locks cache has listed once: an empty cache would take
+    // every lock Lease out of its clients' reach.
+    let mut synced = false;
+    loop {
+        if synced && ctx.leadership.is_leading() {
+            if std::mem::take(&mut sweep) {
+                match managed_namespaces(&ctx.client, namespace.as_deref()).await {
+                    Ok(found) => pending.extend(found),
+                    Err(error) => {
+                        warn!(%error, "cannot list the client Roles; retrying");
+                        sweep = true;
+                    }
+                }
+            }
+            let mut failed = BTreeSet::new();
+            for namespace in std::mem::take(&mut pending) {
+                if let Err(error) = ensure(&ctx, &namespace).await {
+                    warn!(%error, "client RBAC not updated; retrying");
+                    failed.insert(namespace);
+                }
+            }
+            pending = failed;
+        }
+        let retry = synced && (!pending.is_empty() || sweep);
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            Ok(()) = regains.changed() => sweep = true,
+            received = rechecks.recv() => match received {
+                Some(Recheck::Namespace(namespace)) => { pending.insert(namespace); }
+                Some(Recheck::Pods(namespace)) => {
+                    if ctx.locks.state().iter().any(|l| l.namespace().as_deref() == Some(namespace.as_str())) {
+                        pending.insert(namespace);
+                    }
+                }
+                Some(Recheck::All) => {
+                    synced = true;
+                    sweep = true;
+                }
+                None => return Ok(()),
+            },
+            _ = tokio::time::sleep(RETRY), if retry => {}
+        }
+    }
+}
+
+/// Namespaces (all, or only `namespace`) that have a client Role of ours.
+async fn managed_namespaces(client: &kube::Client, namespace: Option<&str>) -> kube::Result<Vec<String>> {
+    let roles: Api<Role> = match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    let (key, value) = MANAGED_LABELS[0];
+    let params =
+        ListParams::default().labels(&format!("{key}={value}")).fields(&format!("metadata.name={CLIENT_ROLE}"));
+    Ok(roles.list_metadata(&params).await?.items.into_iter().filter_map(|r| r.metadata.namespace).collect())
 }
 
 #[cfg(test)]
@@ -126,25 +365,112 @@ mod tests {
     use super::*;
     use crate::crd::DistributedLockSpec;
 
-    fn lock(clients: &[&str]) -> DistributedLock {
+    fn lock(name: &str, clients: &[&str]) -> DistributedLock {
         DistributedLock::new(
-            "l",
+            name,
             DistributedLockSpec { clients: clients.iter().map(|c| (*c).into()).collect(), ..Default::default() },
         )
     }
 
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
+    }
+
     #[test]
-    fn clients_table() {
-        assert_eq!(clients([&lock(&["a"]), &lock(&["b", "a"])]), Clients::Named(["a".into(), "b".into()].into()));
-        assert_eq!(clients([&lock(&["a"]), &lock(&[])]), Clients::All);
-        assert_eq!(clients([]), Clients::Named(BTreeSet::new()));
+    fn grant_table() {
+        let named = |list: &[&str]| Clients::Named(names(list));
+        assert_eq!(
+            grant([&lock("a", &["x"]), &lock("b", &["y", "x"])]),
+            Grant { clients: Some(named(&["x", "y"])), leases: names(&["a", "b"]), pods: BTreeSet::new() }
+        );
+        assert_eq!(
+            grant([&lock("a", &["x"]), &lock("b", &[])]),
+            Grant { clients: Some(Clients::All), leases: names(&["a", "b"]), pods: BTreeSet::new() }
+        );
+        assert_eq!(grant([]), Grant { clients: None, leases: BTreeSet::new(), pods: BTreeSet::new() });
+    }
+
+    #[test]
+    fn the_role_reaches_only_the_lock_leases_and_the_pods_with_the_sidecar() {
+        let role = role("shop", &names(&["orders", "stock"]), &names(&["worker-0", "worker-1"]), None);
+        let rules = role.rules.expect("rules");
+        let leases = rules.iter().find(|r| r.resources == Some(vec!["leases".into()])).expect("a Lease rule");
+        assert_eq!(leases.resource_names, Some(vec!["orders".into(), "stock".into()]));
+        assert_eq!(leases.verbs, ["get", "list", "watch", "update"]);
+        let claims = rules.iter().find(|r| r.resources == Some(vec!["lockclaims".into()])).expect("a claim rule");
+        assert_eq!(claims.verbs, ["create", "get", "list", "watch", "update", "patch", "delete"]);
+        assert!(claims.resource_names.is_none());
+        let locks = rules.iter().find(|r| r.resources == Some(vec!["distributedlocks".into()])).expect("locks");
+        assert_eq!(locks.verbs, ["get", "list", "watch"]);
+        let pods = rules.iter().find(|r| r.resources == Some(vec!["pods".into()])).expect("a Pod rule");
+        assert_eq!(pods.api_groups, Some(vec![String::new()]));
+        assert_eq!(pods.resource_names, Some(vec!["worker-0".into(), "worker-1".into()]));
+        assert_eq!(pods.verbs, ["get", "list", "watch"]);
+        assert_eq!(rules.len(), 4, "nothing else: {rules:?}");
+        // No names would mean every Lease (every Pod): then there is no such rule at all.
+        let empty = super::role("shop", &BTreeSet::new(), &BTreeSet::new(), None).rules.expect("rules");
+        assert!(empty.iter().all(|r| r.resources != Some(vec!["leases".into()])), "{empty:?}");
+        assert!(empty.iter().all(|r| r.resources != Some(vec!["pods".into()])), "{empty:?}");
+    }
+
+    #[test]
+    fn pods_with_the_sidecar_are_those_opted_in() {
+        let labels = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        assert!(runs_sidecar(&labels(&[(LABEL_INJECT, "true"), ("app", "web")])));
+        assert!(!runs_sidecar(&labels(&[(LABEL_INJECT, "false")])));
+        assert!(!runs_sidecar(&labels(&[("app", "web")])));
+    }
+
+    #[test]
+    fn a_pod_recheck_comes_when_a_pod_with_the_sidecar_appears_or_goes_not_on_its_updates() {
+        let pod = |name: &str, inject: bool| {
+            let mut meta = kube::core::PartialObjectMeta::<k8s_openapi::api::core::v1::Pod>::default();
+            meta.metadata.name = Some(name.into());
+            meta.metadata.namespace = Some("shop".into());
+            if inject {
+                meta.metadata.labels = Some([(LABEL_INJECT.to_owned(), "true".to_owned())].into());
+            }
+            meta
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut on_event = on_pod_event(tx);
+        for event in [
+            watcher::Event::Apply(pod("w-0", true)),
+            watcher::Event::Apply(pod("w-0", true)), // a status update
+            watcher::Event::Apply(pod("other", false)),
+            watcher::Event::Delete(pod("other", false)),
+            watcher::Event::Delete(pod("w-0", true)),
+            watcher::Event::InitDone,
+        ] {
+            on_event(&Ok(event));
+        }
+        let mut seen = Vec::new();
+        while let Ok(recheck) = rx.try_recv() {
+            seen.push(recheck);
+        }
+        assert_eq!(seen, [Recheck::Pods("shop".into()), Recheck::Pods("shop".into()), Recheck::All]);
+    }
+
+    #[test]
+    fn everything_is_labelled_and_owned_by_the_installation_when_it_has_an_owner() {
+        let expected: std::collections::BTreeMap<String, String> =
+            MANAGED_LABELS.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let owner = owner_reference("leasehold-controller", "0d1f5f0e-1111-2222-3333-444455556666");
+        for owner in [None, Some(&owner)] {
+            let role = role("shop", &names(&["a"]), &BTreeSet::new(), owner);
+            let binding = binding("shop", &Clients::All, owner);
+            assert_eq!(role.metadata.labels, Some(expected.clone()));
+            assert_eq!(binding.metadata.labels, Some(expected.clone()));
+            assert_eq!(role.metadata.owner_references, owner.map(|o| vec![o.clone()]));
+            assert_eq!(binding.metadata.owner_references, owner.map(|o| vec![o.clone()]));
+        }
     }
 
     #[test]
     fn binding_subjects() {
-        let all = binding("shop", &Clients::All);
+        let all = binding("shop", &Clients::All, None);
         assert_eq!(all.subjects.expect("subjects")[0].name, "system:serviceaccounts:shop");
-        let named = binding("shop", &Clients::Named(["worker".into()].into()));
+        let named = binding("shop", &Clients::Named(["worker".into()].into()), None);
         let s = &named.subjects.expect("subjects")[0];
         assert_eq!(
             (s.kind.as_str(), s.name.as_str(), s.namespace.as_deref()),

@@ -5,8 +5,11 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::view::{Claim, LeaseHold};
-use crate::crd::{DistributedLockStatus, ForceRelease, HolderStatus, WaiterStatus, defaults::MAX_LISTED_WAITERS};
+use super::view::{Claim, LeaseDrain, LeaseHold};
+use crate::crd::{
+    DistributedLockStatus, ForceRelease, ForceReleaseEntry, HolderStatus, WaiterStatus, defaults::MAX_LISTED_WAITERS,
+};
+use crate::crd_force::limits::HISTORY;
 use crate::lease::Timing;
 use crate::metrics::RevokeReason;
 
@@ -28,6 +31,20 @@ pub struct Outcome {
     pub revoked: Option<RevokeReason>,
     /// A forced release carried out.
     pub forced: Option<ForceRelease>,
+    /// Force-release happenings to add to the lock's history.
+    pub history: Vec<ForceReleaseEntry>,
+}
+
+/// What two reconciles did, as one: a pending outcome (its status write failed) followed
+/// by a new one. A revocation or force release already done stays; a newer grant wins.
+pub fn merge(pending: Option<Outcome>, new: Outcome) -> Outcome {
+    let Some(pending) = pending else { return new };
+    Outcome {
+        granted: new.granted.or(pending.granted),
+        revoked: pending.revoked.or(new.revoked),
+        forced: new.forced.or(pending.forced),
+        history: pending.history.into_iter().chain(new.history).collect(),
+    }
 }
 
 /// Inputs of [`desired`].
@@ -48,8 +65,37 @@ pub struct Inputs<'a> {
     pub waiters: &'a [&'a Claim],
     /// What was done.
     pub outcome: &'a Outcome,
-    /// Why the lock Lease cannot be used, if it cannot.
-    pub conflict: Option<&'a str>,
+    /// A drain under way, if any.
+    pub draining: Option<&'a LeaseDrain>,
+    /// Whether the lock can be granted, and if not why.
+    pub ready: &'a Ready,
+    /// How many approvals a force release needs.
+    pub approvals: i32,
+}
+
+/// Whether the lock can be granted (the `Ready` condition).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ready {
+    /// The lock Lease is ours and tokens can be minted.
+    Yes,
+    /// A Lease with the lock's name is not ours (the message says whose).
+    LeaseConflict(String),
+    /// Every token has been issued.
+    TokenExhausted(String),
+    /// The lock Lease records a token no controller could have minted.
+    TokenTampered(String),
+}
+
+impl Ready {
+    /// `(status, reason, message)` of the condition.
+    fn condition(&self) -> (bool, &'static str, String) {
+        match self {
+            Ready::Yes => (true, "LeaseOwned", "the lock Lease is owned by this lock".into()),
+            Ready::LeaseConflict(why) => (false, "LeaseConflict", why.clone()),
+            Ready::TokenExhausted(why) => (false, "TokenExhausted", why.clone()),
+            Ready::TokenTampered(why) => (false, "TokenTampered", why.clone()),
+        }
+    }
 }
 
 fn condition(
@@ -100,6 +146,17 @@ fn holder_status(
     }
 }
 
+fn drain_message(d: &LeaseDrain) -> String {
+    let token = d.revoked.map_or_else(|| "unknown".to_owned(), |t| t.to_string());
+    let reason = d.reason.as_deref().unwrap_or("revoked");
+    match &d.holder {
+        Some(holder) => format!(
+            "token {token} revoked ({reason}): waiting for {holder} to let go, at most one lease duration after its last renewal"
+        ),
+        None => format!("token {token} revoked ({reason}) and acknowledged by its holder"),
+    }
+}
+
 /// The status to write.
 pub fn desired(i: &Inputs) -> DistributedLockStatus {
     let previous = i.previous;
@@ -119,34 +176,14 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
         stats.last_wait_seconds = Some((g.waited_seconds * 1000.0).round() / 1000.0);
         stats.last_handoff_milliseconds = g.handoff_ms;
     }
-    let ready = match i.conflict {
-        Some(why) => {
-            condition(&previous.conditions, "Ready", false, "LeaseConflict", why.to_owned(), i.now, i.generation)
-        }
-        None => condition(
-            &previous.conditions,
-            "Ready",
-            true,
-            "LeaseOwned",
-            "the lock Lease is owned by this lock".into(),
-            i.now,
-            i.generation,
-        ),
+    let (ok, reason, message) = i.ready.condition();
+    let ready = condition(&previous.conditions, "Ready", ok, reason, message, i.now, i.generation);
+    let (ok, reason, message) = match (&holder, i.draining) {
+        (Some(h), _) => (true, "Held", format!("held by {} with token {}", h.identity, h.fencing_token)),
+        (None, Some(d)) => (false, "Draining", drain_message(d)),
+        (None, None) => (false, "Free", "nobody holds the lock".to_owned()),
     };
-    let held = match &holder {
-        Some(h) => condition(
-            &previous.conditions,
-            "Held",
-            true,
-            "Held",
-            format!("held by {} with token {}", h.identity, h.fencing_token),
-            i.now,
-            i.generation,
-        ),
-        None => {
-            condition(&previous.conditions, "Held", false, "Free", "nobody holds the lock".into(), i.now, i.generation)
-        }
-    };
+    let held = condition(&previous.conditions, "Held", ok, reason, message, i.now, i.generation);
     DistributedLockStatus {
         holder,
         fencing_token: Some(previous.fencing_token.unwrap_or(0).max(i.token)).filter(|t| *t > 0),
@@ -163,6 +200,8 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
         queue_length: i32::try_from(i.waiters.len()).unwrap_or(i32::MAX),
         stats,
         last_force_release: i.outcome.forced.clone().or_else(|| previous.last_force_release.clone()),
+        force_release_approvals: Some(i.approvals),
+        force_release_history: super::requests::append(&previous.force_release_history, &i.outcome.history, HISTORY),
         conditions: vec![ready, held],
         observed_generation: i.generation,
     }
@@ -228,7 +267,9 @@ mod tests {
             token,
             waiters,
             outcome,
-            conflict: None,
+            draining: None,
+            ready: &Ready::Yes,
+            approvals: 0,
         })
     }
 
@@ -272,10 +313,95 @@ mod tests {
             token: 10,
             waiters: &[],
             outcome: &Outcome::default(),
-            conflict: None,
+            draining: None,
+            ready: &Ready::Yes,
+            approvals: 0,
         });
         assert_eq!(later.fencing_token, Some(50));
         assert_eq!(later, previous, "an unchanged lock must produce an identical status");
+    }
+
+    #[test]
+    fn a_drain_counts_once_and_says_so_until_it_ends() {
+        let granted =
+            Outcome { granted: Some(Granted { waited_seconds: 1.0, handoff_ms: Some(3) }), ..Outcome::default() };
+        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &granted);
+        // Forced: the hold is revoked and drained; status names no holder.
+        let forced = Outcome { revoked: Some(RevokeReason::Forced), ..Outcome::default() };
+        let drain =
+            LeaseDrain { holder: Some(Identity::for_pod("a", UID)), revoked: Some(7), reason: Some("Forced".into()) };
+        let with = |previous: &DistributedLockStatus, token, outcome: &Outcome, draining: Option<&LeaseDrain>| {
+            desired(&Inputs {
+                previous,
+                generation: Some(1),
+                now: ts(300),
+                timing: timing(),
+                hold: None,
+                token,
+                waiters: &[],
+                outcome,
+                draining,
+                ready: &Ready::Yes,
+                approvals: 0,
+            })
+        };
+        let s2 = with(&s1, 8, &forced, Some(&drain));
+        assert_eq!(
+            (s2.holder.clone(), s2.stats.forced_releases, s2.stats.releases, s2.fencing_token),
+            (None, 1, 0, Some(8))
+        );
+        let held = &s2.conditions[1];
+        assert_eq!((held.status.as_str(), held.reason.as_str()), ("False", "Draining"));
+        assert!(held.message.contains("token 7 revoked (Forced)") && held.message.contains("a_"), "{}", held.message);
+        // Nothing new: identical. The drain ends: free, counted nowhere again.
+        assert_eq!(with(&s2, 8, &Outcome::default(), Some(&drain)), s2);
+        let s3 = with(&s2, 8, &Outcome::default(), None);
+        assert_eq!((s3.stats.forced_releases, s3.stats.releases, s3.stats.expirations), (1, 0, 0));
+        assert_eq!(s3.conditions[1].reason, "Free");
+    }
+
+    #[test]
+    fn ready_says_why_nothing_can_be_granted() {
+        for (ready, reason) in [
+            (Ready::Yes, "LeaseOwned"),
+            (Ready::LeaseConflict("Lease orders is controlled by Deployment x".into()), "LeaseConflict"),
+            (Ready::TokenExhausted("no token left".into()), "TokenExhausted"),
+            (Ready::TokenTampered("token 9223372036854775807".into()), "TokenTampered"),
+        ] {
+            let s = desired(&Inputs {
+                previous: &DistributedLockStatus::default(),
+                generation: Some(1),
+                now: ts(1),
+                timing: timing(),
+                hold: None,
+                token: 1,
+                waiters: &[],
+                outcome: &Outcome::default(),
+                draining: None,
+                ready: &ready,
+                approvals: 0,
+            });
+            assert_eq!(s.conditions[0].reason, reason);
+            assert_eq!(s.conditions[0].status, if ready == Ready::Yes { "True" } else { "False" });
+        }
+    }
+
+    #[test]
+    fn a_pending_outcome_is_merged_not_lost() {
+        let grant =
+            |w| Outcome { granted: Some(Granted { waited_seconds: w, handoff_ms: None }), ..Outcome::default() };
+        let expired = Outcome { revoked: Some(RevokeReason::Expired), ..Outcome::default() };
+        assert_eq!(merge(None, grant(1.0)), grant(1.0));
+        let merged = merge(Some(expired.clone()), grant(2.0));
+        assert_eq!(
+            (merged.revoked, merged.granted.map(|g| g.waited_seconds)),
+            (Some(RevokeReason::Expired), Some(2.0))
+        );
+        // A status write that failed after a revocation: the next reconcile (which did
+        // nothing new) still counts it as an expiration, once.
+        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &grant(1.0));
+        let after = run(&s1, None, 8, &[], &merge(Some(expired), Outcome::default()));
+        assert_eq!((after.stats.expirations, after.stats.releases), (1, 0));
     }
 
     #[test]

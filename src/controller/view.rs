@@ -1,5 +1,5 @@
 //! Pure readings of the objects the controller watches: who owns a lock Lease, who holds
-//! it, and what a claim Lease says.
+//! it, and what a LockClaim says.
 
 use std::time::Duration;
 
@@ -9,34 +9,39 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 
 use crate::claim::edit;
-use crate::crd::{ANNOTATION_CLAIM, LABEL_LOCK, LABEL_ROLE, ROLE_CLAIM, ROLE_LOCK};
+use crate::crd::{ANNOTATION_CLAIM, ANNOTATION_REVOKED, LABEL_LOCK, LABEL_ROLE, LockClaim, ROLE_LOCK};
 use crate::lease::{Identity, token};
 
 /// Whose a Lease with a lock's name is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ownership {
-    /// Ours: controlled by this DistributedLock (same UID).
+    /// Ours: labelled as this lock's Lease and controlled by this DistributedLock (same UID).
     Ours,
     /// Left by an earlier DistributedLock of the same name (deleted and re-created):
-    /// labelled by us and controlled by a DistributedLock of this name with another UID.
+    /// labelled as this lock's Lease and controlled by a DistributedLock of this name with
+    /// another UID.
     PreviousIncarnation,
     /// Anything else: never touched.
     Foreign(String),
 }
 
-/// Classifies the Lease named like lock `lock` whose DistributedLock has UID `uid`.
+/// Classifies the Lease named like lock `lock` whose DistributedLock has UID `uid`. It is
+/// ours only when everything says so: the labels (`leasehold.dev/lock=<lock>`,
+/// `leasehold.dev/role=lock`) and the controller owner reference.
 pub fn ownership(lease: &Lease, lock: &str, uid: &str) -> Ownership {
     let controller = lease.owner_references().iter().find(|o| o.controller == Some(true));
     let labelled = lease.labels().get(LABEL_ROLE).map(String::as_str) == Some(ROLE_LOCK)
         && lease.labels().get(LABEL_LOCK).map(String::as_str) == Some(lock);
     match controller {
         Some(o) if o.kind == "DistributedLock" && o.api_version.starts_with("leasehold.dev/") && o.name == lock => {
-            if o.uid == uid {
+            if !labelled {
+                Ownership::Foreign(format!(
+                    "Lease {lock} is controlled by a DistributedLock {lock} but lacks the labels {LABEL_LOCK}={lock}, {LABEL_ROLE}={ROLE_LOCK}"
+                ))
+            } else if o.uid == uid {
                 Ownership::Ours
-            } else if labelled {
-                Ownership::PreviousIncarnation
             } else {
-                Ownership::Foreign(format!("Lease {lock} is controlled by another DistributedLock (uid {})", o.uid))
+                Ownership::PreviousIncarnation
             }
         }
         Some(o) => Ownership::Foreign(format!("Lease {lock} is controlled by {} {}", o.kind, o.name)),
@@ -58,12 +63,49 @@ pub struct LeaseHold {
     pub renew_time: Option<MicroTime>,
     /// The holder renewed at least once since the grant (`renewTime != acquireTime`).
     pub confirmed: bool,
-    /// The holder's claim Lease name, as recorded at grant.
+    /// The holder's LockClaim name, as recorded at grant.
     pub claim: Option<String>,
 }
 
-/// The hold on a lock Lease, if any.
+/// A revoked hold being drained.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseDrain {
+    /// The revoked holder, until it acknowledges (clears itself).
+    pub holder: Option<Identity>,
+    /// The revoked token (`None`: unreadable).
+    pub revoked: Option<i64>,
+    /// Why it was revoked.
+    pub reason: Option<String>,
+}
+
+/// What a lock Lease says.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LeaseState {
+    /// Nobody holds it.
+    Free,
+    /// Granted.
+    Held(LeaseHold),
+    /// A revoked hold is being drained.
+    Draining(LeaseDrain),
+}
+
+/// The state of a lock Lease.
+pub fn lease_state(lease: &Lease) -> LeaseState {
+    if let Some(revoked) = edit::draining(lease) {
+        return LeaseState::Draining(LeaseDrain {
+            holder: edit::holder(lease).map(Identity::parse),
+            revoked,
+            reason: lease.annotations().get(ANNOTATION_REVOKED).cloned(),
+        });
+    }
+    lease_hold(lease).map_or(LeaseState::Free, LeaseState::Held)
+}
+
+/// The hold granted by a lock Lease, if any: a holder on a Lease that is not draining.
 pub fn lease_hold(lease: &Lease) -> Option<LeaseHold> {
+    if edit::draining(lease).is_some() {
+        return None;
+    }
     let holder = edit::holder(lease)?;
     let spec = lease.spec.as_ref()?;
     let acquire = spec.acquire_time.as_ref().map(|t| t.0);
@@ -77,10 +119,10 @@ pub fn lease_hold(lease: &Lease) -> Option<LeaseHold> {
     })
 }
 
-/// A claim Lease as the queue sees it.
+/// A LockClaim as the queue sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claim {
-    /// Claim Lease name.
+    /// LockClaim name.
     pub name: String,
     /// Its UID (a re-created claim is a new claim).
     pub uid: String,
@@ -94,33 +136,42 @@ pub struct Claim {
     pub requested: Timestamp,
     /// Latest refresh (what changes when the claimant refreshes it).
     pub renew_time: Option<MicroTime>,
-    /// How long it lives without refresh.
+    /// How long it lives without refresh (its `ttlSeconds`, capped).
     pub ttl: Duration,
 }
 
-/// Reads a claim Lease of `lock`; `None` if it is not a well-formed claim.
-pub fn claim(lease: &Lease, lock: &str) -> Option<Claim> {
-    if lease.labels().get(LABEL_ROLE).map(String::as_str) != Some(ROLE_CLAIM)
-        || lease.labels().get(LABEL_LOCK).map(String::as_str) != Some(lock)
-    {
+/// Reads a LockClaim of `lock`, its TTL capped at `ttl_cap`; `None` if it is not a
+/// well-formed claim on `lock`: its name must be the one its claimant's identity gives
+/// (`<lock>.<pod-uid>`, or `<lock>.u-...` for a claimant outside a Pod) and, for a Pod,
+/// `spec.pod` must name the Pod of the identity. Anything else is never served.
+pub fn claim(object: &LockClaim, lock: &str, ttl_cap: Duration) -> Option<Claim> {
+    let spec = &object.spec;
+    if spec.lock != lock {
         return None;
     }
-    let spec = lease.spec.as_ref()?;
-    let created = lease.metadata.creation_timestamp.as_ref()?.0;
+    let identity = Identity::parse(&spec.claimant);
+    let name = object.name_any();
+    let well_named = match &identity.pod {
+        Some(pod) => spec.pod.as_deref() == Some(pod.name.as_str()),
+        None => spec.pod.is_none() && name.strip_prefix(lock).is_some_and(|s| s.starts_with(".u-")),
+    };
+    if !well_named || name != identity.claim_name(lock) {
+        return None;
+    }
+    let created = object.metadata.creation_timestamp.as_ref()?.0;
+    // The claimant's own clock orders claims within the apiserver's second; a clock that
+    // is far off must not buy (or cost) more than that second.
+    let latest = created.checked_add(jiff::SignedDuration::from_millis(999)).unwrap_or(created);
+    let ttl = Duration::from_secs(u64::try_from(spec.ttl_seconds.max(1)).unwrap_or(1)).min(ttl_cap);
     Some(Claim {
-        name: lease.name_any(),
-        uid: lease.uid()?,
-        resource_version: lease.resource_version()?,
-        identity: Identity::parse(edit::holder(lease)?),
+        name,
+        uid: object.uid()?,
+        resource_version: object.resource_version()?,
+        identity,
         created,
-        // The claimant's own clock orders claims within the apiserver's second; a clock
-        // that is far off must not buy (or cost) more than that second.
-        requested: spec.acquire_time.as_ref().map_or(created, |t| {
-            let latest = created.checked_add(jiff::SignedDuration::from_millis(999)).unwrap_or(created);
-            t.0.clamp(created, latest)
-        }),
-        renew_time: spec.renew_time.clone(),
-        ttl: Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(30).max(1)).unwrap_or(30)),
+        requested: spec.request_time.0.clamp(created, latest),
+        renew_time: Some(spec.renew_time.clone()),
+        ttl,
     })
 }
 
@@ -150,16 +201,30 @@ mod tests {
         }
     }
 
+    const UID: &str = "0b8f3a1e-5d2c-4c55-9a57-2f3c1e7b9d10";
+
+    fn lock_claim(name: &str, spec: serde_json::Value) -> LockClaim {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "uid": "u", "resourceVersion": "1", "creationTimestamp": "2026-11-30T10:00:05Z"},
+            "spec": spec,
+        }))
+        .expect("a LockClaim")
+    }
+
+    fn spec(claimant: &str, pod: Option<&str>, requested: &str, ttl: i32) -> serde_json::Value {
+        let mut spec = serde_json::json!({"lock": "orders", "claimant": claimant, "requestTime": requested,
+                                          "renewTime": requested, "ttlSeconds": ttl});
+        if let Some(pod) = pod {
+            spec["pod"] = serde_json::json!(pod);
+        }
+        spec
+    }
+
     #[test]
     fn a_claimants_clock_only_orders_within_the_apiservers_second() {
         let claim_at = |requested: &str| {
-            let lease: Lease = serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "orders.x", "uid": "u", "resourceVersion": "1", "creationTimestamp": "2026-11-30T10:00:05Z",
-                             "labels": {LABEL_ROLE: ROLE_CLAIM, LABEL_LOCK: "orders"}},
-                "spec": {"holderIdentity": "w", "acquireTime": requested},
-            }))
-            .expect("a lease");
-            claim(&lease, "orders").expect("a claim").requested.to_string()
+            let object = lock_claim("orders.u-h-1", spec("alice/u-h-1", None, requested, 45));
+            claim(&object, "orders", Duration::from_secs(45)).expect("a claim").requested.to_string()
         };
         assert_eq!(claim_at("2026-11-30T10:00:05.250000Z"), "2026-11-30T10:00:05.25Z");
         // An hour behind or ahead buys no place beyond its second.
@@ -168,21 +233,98 @@ mod tests {
     }
 
     #[test]
+    fn claim_reading_table() {
+        let t = "2026-11-30T10:00:05.250000Z";
+        let pod_id = format!("w-0_{UID}");
+        let cap = Duration::from_secs(30);
+        // (name, spec, expected TTL if well-formed)
+        let cases = [
+            (format!("orders.{UID}"), spec(&pod_id, Some("w-0"), t, 20), Some(20)),
+            (format!("orders.{UID}"), spec(&pod_id, Some("w-0"), t, 3600), Some(30)), // capped
+            ("orders.u-h-1".to_owned(), spec("alice/u-h-1", None, t, 45), Some(30)),
+            ("orders.u-h-1".to_owned(), spec("u-h-1", None, t, 10), Some(10)), // no user name: still its own
+            (format!("orders.{UID}"), spec(&pod_id, Some("w-1"), t, 20), None), // pod differs from identity
+            (format!("orders.{UID}"), spec(&pod_id, None, t, 20), None),       // pod missing
+            ("orders.other".to_owned(), spec(&pod_id, Some("w-0"), t, 20), None), // name not the claimant's
+            ("orders.u-h-2".to_owned(), spec("alice/u-h-1", None, t, 45), None), // another claimant's name
+            ("orders.h-1".to_owned(), spec("alice/h-1", None, t, 45), None),   // suffix without u-
+            ("orders.u-h-1".to_owned(), spec("alice/u-h-1", Some("p"), t, 45), None), // pod on a non-pod claimant
+        ];
+        for (name, spec, expected) in cases {
+            let read = claim(&lock_claim(&name, spec.clone()), "orders", cap);
+            assert_eq!(read.as_ref().map(|c| c.ttl.as_secs()), expected, "{name} {spec}");
+            assert!(claim(&lock_claim(&name, spec), "billing", cap).is_none(), "a claim on another lock");
+        }
+    }
+
+    #[test]
     fn ownership_table() {
-        assert_eq!(ownership(&owned_lease("DistributedLock", "orders", "u1", true), "orders", "u1"), Ownership::Ours);
+        let ours = |kind: &str, uid: &str, labelled: bool| {
+            ownership(&owned_lease(kind, "orders", uid, labelled), "orders", uid)
+        };
+        assert_eq!(ours("DistributedLock", "u1", true), Ownership::Ours);
         assert_eq!(
             ownership(&owned_lease("DistributedLock", "orders", "u0", true), "orders", "u1"),
             Ownership::PreviousIncarnation
         );
-        // Labels removed: not ours to adopt.
+        // Labels removed: neither ours nor ours to adopt, whatever the owner reference says.
+        assert!(
+            matches!(ours("DistributedLock", "u1", false), Ownership::Foreign(why) if why.contains("lacks the labels"))
+        );
         assert!(matches!(
             ownership(&owned_lease("DistributedLock", "orders", "u0", false), "orders", "u1"),
             Ownership::Foreign(_)
         ));
-        assert!(matches!(
-            ownership(&owned_lease("Deployment", "orders", "u1", true), "orders", "u1"),
-            Ownership::Foreign(_)
-        ));
+        // Labelled for another lock, or with another role.
+        let mut other = owned_lease("DistributedLock", "orders", "u1", true);
+        other.labels_mut().insert(LABEL_LOCK.into(), "billing".into());
+        assert!(matches!(ownership(&other, "orders", "u1"), Ownership::Foreign(_)));
+        let mut role = owned_lease("DistributedLock", "orders", "u1", true);
+        role.labels_mut().insert(LABEL_ROLE.into(), "claim".into());
+        assert!(matches!(ownership(&role, "orders", "u1"), Ownership::Foreign(_)));
+        // Controlled by something else, or by nothing.
+        assert!(matches!(ours("Deployment", "u1", true), Ownership::Foreign(_)));
+        let mut not_controller = owned_lease("DistributedLock", "orders", "u1", true);
+        not_controller.owner_references_mut()[0].controller = None;
+        assert!(matches!(ownership(&not_controller, "orders", "u1"), Ownership::Foreign(_)));
         assert!(matches!(ownership(&Lease::default(), "orders", "u1"), Ownership::Foreign(_)));
+    }
+
+    fn lock_lease(holder: Option<&str>, annotations: &[(&str, &str)]) -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "orders", "annotations": annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<std::collections::BTreeMap<_, _>>()},
+            "spec": {"holderIdentity": holder, "acquireTime": "2026-11-30T10:00:05.000000Z", "renewTime": "2026-11-30T10:00:06.000000Z"},
+        }))
+        .expect("a Lease")
+    }
+
+    #[test]
+    fn lease_state_table() {
+        use crate::crd::{ANNOTATION_DRAINING, ANNOTATION_TOKEN};
+        let holder = format!("w-0_{UID}");
+        let free = lock_lease(None, &[(ANNOTATION_TOKEN, "7")]);
+        assert_eq!(lease_state(&free), LeaseState::Free);
+        let held = lock_lease(Some(&holder), &[(ANNOTATION_TOKEN, "7"), (ANNOTATION_CLAIM, "orders.x")]);
+        let LeaseState::Held(hold) = lease_state(&held) else { panic!("held") };
+        assert_eq!((hold.token, hold.confirmed, hold.claim.as_deref()), (Some(7), true, Some("orders.x")));
+        assert_eq!(hold.identity.pod.expect("a pod").name, "w-0");
+        let revoked = [(ANNOTATION_TOKEN, "8"), (ANNOTATION_DRAINING, "7"), (ANNOTATION_REVOKED, "Forced")];
+        let draining = lock_lease(Some(&holder), &revoked);
+        assert_eq!(
+            lease_state(&draining),
+            LeaseState::Draining(LeaseDrain {
+                holder: Some(Identity::parse(&holder)),
+                revoked: Some(7),
+                reason: Some("Forced".into())
+            })
+        );
+        assert_eq!(lease_hold(&draining), None, "a draining Lease grants nothing");
+        let acknowledged = lock_lease(None, &revoked);
+        assert!(matches!(
+            lease_state(&acknowledged),
+            LeaseState::Draining(LeaseDrain { holder: None, revoked: Some(7), .. })
+        ));
+        let garbled = lock_lease(Some(&holder), &[(ANNOTATION_TOKEN, "8"), (ANNOTATION_DRAINING, "seven")]);
+        assert!(matches!(lease_state(&garbled), LeaseState::Draining(LeaseDrain { revoked: None, .. })));
     }
 }

@@ -141,6 +141,8 @@ pub struct Elector {
     tx: watch::Sender<Option<Instant>>,
     terms: watch::Sender<u64>,
     regains: watch::Sender<u64>,
+    /// Labels and owner references the Lease is created with.
+    created_with: ObjectMeta,
 }
 
 impl Elector {
@@ -157,14 +159,27 @@ impl Elector {
             tx,
             terms: terms_tx,
             regains: regains_tx,
+            created_with: ObjectMeta::default(),
         };
         (elector, Leadership { rx, terms, regains, _fixed: None })
+    }
+
+    /// Creates the Lease (when it has to) with `labels` and `owner_references`, so that it
+    /// is found, and deleted with what owns it.
+    pub fn created_with(
+        mut self,
+        labels: std::collections::BTreeMap<String, String>,
+        owner_references: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) -> Elector {
+        self.created_with.labels = (!labels.is_empty()).then_some(labels);
+        self.created_with.owner_references = (!owner_references.is_empty()).then_some(owner_references);
+        self
     }
 
     fn desired(&self, base: Option<&Lease>, acquiring: bool) -> Lease {
         let now = MicroTime(jiff::Timestamp::now());
         let mut lease = base.cloned().unwrap_or_else(|| Lease {
-            metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
+            metadata: ObjectMeta { name: Some(self.name.clone()), ..self.created_with.clone() },
             spec: None,
         });
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);

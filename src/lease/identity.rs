@@ -1,11 +1,10 @@
-//! Claimant identities and the names of claim Leases.
+//! Claimant identities and the names of their LockClaims.
 //!
 //! A claimant in a Pod is `<pod-name>_<pod-uid>`: unique across Pod re-creation, and
-//! checkable by the Lease guard against the Pod name and UID the apiserver puts in a
-//! Pod-bound token's user info. Outside a Pod (`leasehold run` on a laptop) it is
-//! `<host>-<random>`.
-
-use sha2::{Digest, Sha256};
+//! checkable by the guard against the Pod name and UID the apiserver puts in a Pod-bound
+//! token's user info. Outside a Pod (`leasehold run` on a laptop) it is
+//! `<username>/u-<host>-<8 hex>`. A claimant's LockClaim on lock `l` is `l.<pod-uid>` or
+//! `l.u-<host>-<8 hex>`: derived from the identity, so one claim per claimant and lock.
 
 /// Who claims a lock.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -31,17 +30,16 @@ impl Identity {
         Identity { id: format!("{name}_{uid}"), pod: Some(PodRef { name: name.to_owned(), uid: uid.to_owned() }) }
     }
 
-    /// An identity for a claimant outside any Pod: host name plus a random suffix.
+    /// An identity for a process outside any Pod: `u-<host>-<8 hex>`, the host name made
+    /// fit for an object name (lowercase letters, digits and `-`, at most 40 characters).
     pub fn for_process() -> Identity {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "host".to_owned());
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let suffix: u32 = rand::random();
-        Identity { id: format!("{host}-{suffix:08x}"), pod: None }
+        Identity { id: format!("u-{}-{suffix:08x}", sanitize_host(&host)), pod: None }
     }
 
-    /// An identity outside any Pod for user `username`: `<username>/<host>-<random>`. The
-    /// Lease guard accepts a non-pod holder only under its own user name.
+    /// An identity outside any Pod for user `username`: `<username>/u-<host>-<8 hex>`. The
+    /// guard accepts a non-pod claimant only under its own user name.
     pub fn for_user(username: &str) -> Identity {
         Identity { id: format!("{username}/{}", Identity::for_process().id), pod: None }
     }
@@ -70,13 +68,30 @@ impl Identity {
         Identity { id: id.to_owned(), pod }
     }
 
-    /// The name of this claimant's claim Lease on `lock`: `<lock>.<hash>`. Lock names are
-    /// DNS labels (no dots), so a claim name never collides with a lock Lease.
+    /// The name of this claimant's LockClaim on `lock`: `<lock>.<pod-uid>` for a Pod,
+    /// `<lock>.<suffix>` otherwise, where `suffix` is what follows the last `/` of the
+    /// identity (`u-<host>-<8 hex>`). Lock names are DNS labels (no dots), so the part after
+    /// the first dot is always the claimant's.
     pub fn claim_name(&self, lock: &str) -> String {
-        let digest = Sha256::digest(self.id.as_bytes());
-        let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        format!("{lock}.{hash}")
+        match &self.pod {
+            Some(pod) => format!("{lock}.{}", pod.uid),
+            None => format!("{lock}.{}", self.id.rsplit('/').next().unwrap_or(&self.id)),
+        }
     }
+}
+
+/// A host name as part of an object name: lowercase ASCII letters, digits and `-`, no
+/// leading or trailing `-`, at most 40 characters; `host` if nothing is left.
+fn sanitize_host(host: &str) -> String {
+    let mapped: String = host
+        .trim()
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() { c } else { '-' })
+        .take(40)
+        .collect();
+    let trimmed = mapped.trim_matches('-');
+    if trimmed.is_empty() { "host".to_owned() } else { trimmed.to_owned() }
 }
 
 impl std::fmt::Display for Identity {
@@ -107,12 +122,32 @@ mod tests {
     }
 
     #[test]
-    fn claim_names_are_stable_distinct_and_dotted() {
+    fn claim_names_follow_the_claimant() {
         let a = Identity::for_pod("a", UID);
-        let b = Identity::for_pod("b", UID);
-        assert_eq!(a.claim_name("orders"), a.claim_name("orders"));
-        assert_ne!(a.claim_name("orders"), b.claim_name("orders"));
-        assert!(a.claim_name("orders").starts_with("orders."));
-        assert_eq!(a.claim_name("orders").len(), "orders.".len() + 16);
+        assert_eq!(a.claim_name("orders"), format!("orders.{UID}"));
+        assert_eq!(Identity::parse(&a.id).claim_name("orders"), a.claim_name("orders"));
+        let user = Identity { id: "system:serviceaccount:ns:ci/u-laptop-0a1b2c3d".into(), pod: None };
+        assert_eq!(user.claim_name("orders"), "orders.u-laptop-0a1b2c3d");
+        let process = Identity::for_process();
+        assert!(process.id.starts_with("u-"), "{}", process.id);
+        assert_eq!(process.claim_name("orders"), format!("orders.{}", process.id));
+        let named = Identity::for_user("alice");
+        assert!(named.id.starts_with("alice/u-"), "{}", named.id);
+        assert!(named.claim_name("orders").starts_with("orders.u-"));
+    }
+
+    #[test]
+    fn host_names_become_name_safe() {
+        let cases = [
+            ("laptop", "laptop"),
+            ("My_Laptop.local\n", "my-laptop-local"),
+            ("--x--", "x"),
+            ("", "host"),
+            ("___", "host"),
+            (&"h".repeat(60), &"h".repeat(40)),
+        ];
+        for (host, expected) in cases {
+            assert_eq!(sanitize_host(host), expected, "{host:?}");
+        }
     }
 }

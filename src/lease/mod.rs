@@ -5,11 +5,12 @@
 pub mod cas;
 pub mod clock;
 pub mod election;
+pub mod granted;
 pub mod identity;
 pub mod timing;
 pub mod token;
 
-pub use cas::{CasError, LeaseStore};
+pub use cas::{CasError, CasStore, LeaseStore, Precondition};
 
 use std::time::Duration;
 
@@ -29,5 +30,6 @@ pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
         .without_max_times();
     ResetTimerBackoff::new(ExponentialBackoff::from(builder), Duration::from_secs(30))
 }
+pub use granted::GrantedTiming;
 pub use identity::Identity;
 pub use timing::Timing;

@@ -26,6 +26,12 @@ impl Timing {
         }
     }
 
+    /// How long a waiting claim may live without refresh: `max(3 × lease duration, 30 s)`.
+    /// The controller caps every claim's `ttlSeconds` at this.
+    pub fn claim_ttl(&self) -> Duration {
+        (self.lease_duration * 3).max(Duration::from_secs(30))
+    }
+
     /// Checks lease > renew deadline > 1.2 × retry period, the rule the CRD enforces, for
     /// timings that do not come from a DistributedLock (the controller's own election).
     pub fn validate(&self) -> Result<(), String> {
@@ -63,6 +69,12 @@ mod tests {
         assert!(t(3_000, 2_000, 1_000).validate().is_ok());
         assert!(t(10_000, 10_000, 2_000).validate().unwrap_err().contains("renew deadline"));
         assert!(t(15_000, 2_400, 2_000).validate().unwrap_err().contains("1.2 x retry"));
+    }
+
+    #[test]
+    fn claim_ttl_is_three_lease_durations_but_at_least_30s() {
+        assert_eq!(t(15_000, 10_000, 2_000).claim_ttl(), Duration::from_secs(45));
+        assert_eq!(t(3_000, 2_000, 1_000).claim_ttl(), Duration::from_secs(30));
     }
 
     #[test]

@@ -12,9 +12,21 @@ use k8s_openapi::api::coordination::v1::Lease;
 
 use crate::crd::ANNOTATION_TOKEN;
 
-/// The next token after `previous` (the highest known), given the wall clock in ms.
-pub fn mint(previous: i64, wall_clock_ms: i64) -> i64 {
-    previous.saturating_add(1).max(wall_clock_ms)
+/// The next token after `previous` (the highest known), given the wall clock in ms; `None`
+/// when `previous` is the largest token there is: a token is never reused, so the lock
+/// cannot be granted again (the caller reports it loudly).
+pub fn mint(previous: i64, wall_clock_ms: i64) -> Option<i64> {
+    previous.checked_add(1).map(|next| next.max(wall_clock_ms))
+}
+
+/// How far above every token we know of (and the wall clock) a token on a lock Lease may
+/// be before it is treated as written by someone other than a controller: one day.
+pub const TAMPER_MARGIN_MS: i64 = 24 * 3600 * 1000;
+
+/// The highest token a controller could have minted: `max(known, wall clock) + 1 day`,
+/// where `known` is the highest token recorded in status and in the controller's memory.
+pub fn ceiling(known: i64, wall_clock_ms: i64) -> i64 {
+    known.max(wall_clock_ms).saturating_add(TAMPER_MARGIN_MS)
 }
 
 /// Parses a token as written in annotations: a positive decimal integer without sign,
@@ -54,12 +66,13 @@ mod tests {
     fn mint_table() {
         // (previous, wall clock, expected)
         let cases = [
-            (0, 1_700_000_000_000, 1_700_000_000_000), // first grant: the clock
-            (1_700_000_000_000, 1_700_000_000_500, 1_700_000_000_500), // clock moved on
-            (1_700_000_000_000, 1_700_000_000_000, 1_700_000_000_001), // same ms
-            (1_700_000_000_000, 1_600_000_000_000, 1_700_000_000_001), // clock went backwards
-            (1_700_000_000_000, 0, 1_700_000_000_001), // clock broken
-            (i64::MAX, 0, i64::MAX),                   // saturates, never wraps
+            (0, 1_700_000_000_000, Some(1_700_000_000_000)), // first grant: the clock
+            (1_700_000_000_000, 1_700_000_000_500, Some(1_700_000_000_500)), // clock moved on
+            (1_700_000_000_000, 1_700_000_000_000, Some(1_700_000_000_001)), // same ms
+            (1_700_000_000_000, 1_600_000_000_000, Some(1_700_000_000_001)), // clock went backwards
+            (1_700_000_000_000, 0, Some(1_700_000_000_001)), // clock broken
+            (i64::MAX - 1, 0, Some(i64::MAX)),               // the last token
+            (i64::MAX, i64::MAX, None),                      // none left: never reused, never wraps
         ];
         for (previous, wall, expected) in cases {
             assert_eq!(mint(previous, wall), expected, "mint({previous}, {wall})");
@@ -67,11 +80,19 @@ mod tests {
     }
 
     #[test]
+    fn ceiling_table() {
+        let day = TAMPER_MARGIN_MS;
+        assert_eq!(ceiling(0, 1_700_000_000_000), 1_700_000_000_000 + day);
+        assert_eq!(ceiling(1_800_000_000_000, 1_700_000_000_000), 1_800_000_000_000 + day);
+        assert_eq!(ceiling(i64::MAX - 5, 0), i64::MAX, "saturates");
+    }
+
+    #[test]
     fn minted_tokens_strictly_increase_under_any_clock() {
         let clock = [5, 5, 4, 100, 3, 3, 101, 0, 102, 102];
         let mut previous = 0;
         for wall in clock {
-            let next = mint(previous, wall);
+            let next = mint(previous, wall).expect("tokens left");
             assert!(next > previous, "{next} after {previous} (clock {wall})");
             previous = next;
         }

@@ -1,14 +1,16 @@
 //! The sidecar's local HTTP/JSON API, documented by `docs/sidecar-api.yaml`.
 //!
 //! Every error is a JSON body `{"error": {"code", "message"}}` whose message names the
-//! problem, and a rejected request changes nothing.
+//! problem, and a rejected request changes nothing. Requests are read and checked in
+//! [`super::request`]; holds live in [`super::slots`]; session-bound answers stream from
+//! [`super::session`].
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -16,18 +18,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::{Stream, StreamExt};
-use serde::Deserialize;
 use serde_json::json;
 
-use super::slots::Slots;
+use super::request::{self, MAX_BODY_BYTES, check_no_body, parse_acquire, parse_handle};
+use super::slots::{Granted, HandleError, HandleRelease, Slots, millis, wall_after};
 use crate::claim::AcquireError;
 
-/// Largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 16 * 1024;
-/// The wait used when a request names none.
-pub const DEFAULT_WAIT_SECONDS: f64 = 30.0;
-/// A wait of 0 still gives the grant this long to arrive (a try-lock, not an instant fail).
-pub const MIN_WAIT: Duration = Duration::from_secs(1);
+pub use super::request::validate_lock_name;
 
 /// An API error: status, machine code, human message.
 #[derive(Debug)]
@@ -38,8 +35,24 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    /// An error answered with `status`, `code` and `message`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
         ApiError { status, code, message: message.into() }
+    }
+
+    /// Its HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// Its machine code.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// Its message.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -69,45 +82,15 @@ impl From<&AcquireError> for ApiError {
     }
 }
 
-/// Body of an acquire request.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AcquireRequest {
-    /// How long to wait for the grant, in seconds.
-    #[serde(default)]
-    pub wait_seconds: Option<f64>,
-}
-
-/// Checks a lock name: a DNS label, as the CRD requires.
-pub fn validate_lock_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        let shown: String = name.chars().take(80).collect();
-        Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_lock_name",
-            format!("lock name {shown:?} is not a DNS label (at most 63 lowercase letters, digits and '-')"),
-        ))
+impl From<HandleError> for ApiError {
+    fn from(e: HandleError) -> ApiError {
+        let code = match e {
+            HandleError::Wrong { .. } => "wrong_handle",
+            HandleError::Lost { .. } => "lost",
+            HandleError::Ended { .. } => "hold_ended",
+        };
+        ApiError::new(StatusCode::CONFLICT, code, e.to_string())
     }
-}
-
-/// Checks a wait: a finite number of seconds in `0..=max`.
-pub fn validate_wait(wait: Option<f64>, max: Duration) -> Result<Duration, ApiError> {
-    let seconds = wait.unwrap_or(DEFAULT_WAIT_SECONDS);
-    if !seconds.is_finite() || seconds < 0.0 || seconds > max.as_secs_f64() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_wait",
-            format!("waitSeconds must be a number from 0 to {}, got {seconds}", max.as_secs_f64()),
-        ));
-    }
-    Ok(Duration::from_secs_f64(seconds).max(MIN_WAIT))
 }
 
 /// Shared state of the API.
@@ -126,9 +109,30 @@ pub fn router(api: Api) -> Router {
         .route("/v1/locks/{name}/acquire", post(acquire).fallback(method_not_allowed))
         .route("/v1/locks/{name}/release", post(release).fallback(method_not_allowed))
         .route("/v1/locks/{name}/events", get(events).fallback(method_not_allowed))
+        .route("/v1/locks/{name}/holds/{handle}", get(hold_view).fallback(method_not_allowed))
+        .route("/v1/locks/{name}/holds/{handle}/keepalive", post(keepalive).fallback(method_not_allowed))
+        .route("/v1/locks/{name}/holds/{handle}/release", post(release_handle).fallback(method_not_allowed))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(refuse_queries))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(Arc::new(api))
+}
+
+/// No operation takes query parameters: one sent anyway (`?waitSeconds=5`) would be
+/// silently ignored, so it is refused instead.
+async fn refuse_queries(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    match request.uri().query() {
+        Some(query) => {
+            let shown: String = query.chars().take(80).collect();
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("this API takes no query parameters (got {shown:?}); send options in the JSON body"),
+            )
+            .into_response()
+        }
+        None => next.run(request).await,
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -139,42 +143,38 @@ async fn method_not_allowed() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this endpoint")
 }
 
-fn body_error(rejection: JsonRejection) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", format!("invalid JSON body: {}", rejection.body_text()))
-}
-
-/// Parses an optional JSON body: an empty body means defaults.
-fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<AcquireRequest, ApiError> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("request body exceeds {MAX_BODY_BYTES} bytes"),
-            )
-        } else {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                format!("unreadable request body: {}", rejection.body_text()),
-            )
-        }
-    })?;
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(AcquireRequest { wait_seconds: None });
-    }
-    Json::<AcquireRequest>::from_bytes(&body).map(|Json(request)| request).map_err(body_error)
-}
-
 async fn acquire(
     State(api): State<Arc<Api>>,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<super::slots::Granted>, ApiError> {
+) -> Result<Response, ApiError> {
     validate_lock_name(&name)?;
-    let request = parse_body(body)?;
-    let wait = validate_wait(request.wait_seconds, api.max_wait)?;
-    let (id, mut reply) = api.slots.enqueue(&name);
+    let request = parse_acquire(body)?;
+    if api.slots.is_closing() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            format!("the sidecar is shutting down: lock {name} cannot be acquired through it"),
+        ));
+    }
+    let wait = request::validate_wait(request.wait_seconds, api.max_wait)?;
+    if let Some(container) = &request.container {
+        let pod = api.slots.pod();
+        let names = pod.as_deref().map(super::pod::app_containers);
+        request::validate_container(container, names.as_deref())?;
+    }
+    let ttl = match request.ttl_seconds {
+        Some(ttl) => {
+            // The TTL is bounded by the lock's lease duration: read it (an unknown lock is
+            // answered here, before anything is queued).
+            let timing = api.slots.claimant().timing(&name).await.map_err(|e| ApiError::from(&e))?;
+            Some(request::validate_ttl(&name, ttl, timing.lease_duration)?)
+        }
+        None => None,
+    };
+    let terms = request::terms(&request, ttl);
+    let session = terms.session;
+    let (id, mut reply) = api.slots.enqueue(&name, terms);
     let mut leave = Leave { slots: api.slots.clone(), lock: name.clone(), id, armed: true };
     let outcome = match tokio::time::timeout(wait, &mut reply).await {
         Ok(received) => received.ok(),
@@ -182,23 +182,31 @@ async fn acquire(
         Err(_) => reply.try_recv().ok(),
     };
     match outcome {
-        // Check once more as the answer leaves: a hold lost meanwhile (the sidecar was
-        // paused, say) is never reported held. Leaving the queue releases it.
-        Some(Ok(granted)) => match api.slots.remaining_for(&name, id) {
-            Some(remaining) => {
-                leave.armed = false;
-                let remaining_ms = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
-                Ok(Json(super::slots::Granted { remaining_ms, ..granted }))
-            }
-            None => Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "lost",
-                format!(
-                    "lock {name} was granted with token {} but the hold was lost before it could be reported",
-                    granted.fencing_token
-                ),
-            )),
-        },
+        Some(Ok(granted)) => {
+            // A session follows the hold's events from before the last check on.
+            let events = session.then(|| api.slots.subscribe(&name));
+            // Check once more as the answer leaves: a hold lost meanwhile (the sidecar was
+            // paused, say) is never reported held. Leaving the queue releases it.
+            let Some(remaining) = api.slots.remaining_for(&name, id) else {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "lost",
+                    format!(
+                        "lock {name} was granted with token {} but the hold was lost before it could be reported",
+                        granted.fencing_token
+                    ),
+                ));
+            };
+            leave.armed = false;
+            let granted = Granted { remaining_ms: millis(remaining), expires_at: wall_after(remaining), ..granted };
+            Ok(match events {
+                Some(events) => {
+                    let handle = granted.handle.clone();
+                    super::session::respond(api.slots.clone(), granted, handle, events)
+                }
+                None => Json(granted).into_response(),
+            })
+        }
         Some(Err(error)) => Err(ApiError::from(error.as_ref())),
         None => {
             Err(ApiError::new(StatusCode::CONFLICT, "timeout", format!("lock {name} was not granted within {wait:?}")))
@@ -223,13 +231,56 @@ impl Drop for Leave {
     }
 }
 
-async fn release(State(api): State<Arc<Api>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+async fn release(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     validate_lock_name(&name)?;
+    check_no_body("release", body)?;
     let body = match api.slots.release(&name).await {
-        Some(outcome) => json!({"lock": name, "released": true, "wasHeld": outcome.was_held}),
-        None => json!({"lock": name, "released": false, "wasHeld": false}),
+        Ok(Some(outcome)) => json!({"lock": name, "released": true, "wasHeld": outcome.was_held}),
+        Ok(None) => json!({"lock": name, "released": false, "wasHeld": false}),
+        Err(refused) => return Err(ApiError::new(StatusCode::CONFLICT, "handle_required", refused.to_string())),
     };
     Ok(Json(body).into_response())
+}
+
+async fn release_handle(
+    State(api): State<Arc<Api>>,
+    Path((name, handle)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    validate_lock_name(&name)?;
+    let handle = parse_handle(&handle)?;
+    check_no_body("release", body)?;
+    let body = match api.slots.release_handle(&name, &handle).await? {
+        HandleRelease::Released(outcome) => json!({"lock": name, "released": true, "wasHeld": outcome.was_held}),
+        HandleRelease::AlreadyEnded(ending) => {
+            json!({"lock": name, "released": false, "wasHeld": false, "reason": ending.to_string()})
+        }
+    };
+    Ok(Json(body).into_response())
+}
+
+async fn keepalive(
+    State(api): State<Arc<Api>>,
+    Path((name, handle)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    validate_lock_name(&name)?;
+    let handle = parse_handle(&handle)?;
+    check_no_body("keep-alive", body)?;
+    Ok(Json(api.slots.keepalive(&name, &handle)?).into_response())
+}
+
+async fn hold_view(
+    State(api): State<Arc<Api>>,
+    Path((name, handle)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    validate_lock_name(&name)?;
+    let handle = parse_handle(&handle)?;
+    Ok(Json(api.slots.hold_view(&name, &handle)?).into_response())
 }
 
 async fn view(State(api): State<Arc<Api>>, Path(name): Path<String>) -> Result<Response, ApiError> {
@@ -260,19 +311,6 @@ async fn events(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_names() {
-        for ok in ["a", "orders", "a-1", &"x".repeat(63)] {
-            assert!(validate_lock_name(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "A", "a.b", "-a", "a-", "a_b", &"x".repeat(64), "a b", "ü"] {
-            let e = validate_lock_name(bad).expect_err(bad);
-            assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, "invalid_lock_name"));
-        }
-    }
-
     /// docs/sidecar-api.md covers every operation, field and error code of the OpenAPI
     /// document (which an end-to-end test checks against the running server).
     #[test]
@@ -297,18 +335,6 @@ mod tests {
         {
             let code = code.as_str().expect("a string");
             assert!(page.contains(&format!("`{code}`")), "docs/sidecar-api.md lacks the error code {code}");
-        }
-    }
-
-    #[test]
-    fn waits() {
-        let max = Duration::from_secs(3600);
-        assert_eq!(validate_wait(None, max).expect("default"), Duration::from_secs(30));
-        assert_eq!(validate_wait(Some(0.0), max).expect("zero"), MIN_WAIT);
-        assert_eq!(validate_wait(Some(2.5), max).expect("fraction"), Duration::from_millis(2500));
-        for bad in [-1.0, 3600.5, f64::NAN, f64::INFINITY, 1e300] {
-            let e = validate_wait(Some(bad), max).expect_err("rejected");
-            assert_eq!(e.code, "invalid_wait", "{bad}");
         }
     }
 }

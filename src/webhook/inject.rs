@@ -24,8 +24,17 @@ pub const ANNOTATION_READY_WHEN_HOLDING: &str = "leasehold.dev/ready-when-holdin
 pub const ANNOTATION_API_PORT: &str = "leasehold.dev/api-port";
 /// Annotation: the admin port (default 7071).
 pub const ANNOTATION_ADMIN_PORT: &str = "leasehold.dev/admin-port";
+/// Annotation: hold mode gives leadership up when an app container has not been running
+/// and ready for this long (a duration such as `10s`).
+pub const ANNOTATION_HOLD_APP_DOWN_AFTER: &str = "leasehold.dev/hold-app-down-after";
 /// The `leasehold.dev/*` annotations a Pod may carry.
-const KNOWN: [&str; 4] = [ANNOTATION_HOLD, ANNOTATION_READY_WHEN_HOLDING, ANNOTATION_API_PORT, ANNOTATION_ADMIN_PORT];
+const KNOWN: [&str; 5] = [
+    ANNOTATION_HOLD,
+    ANNOTATION_READY_WHEN_HOLDING,
+    ANNOTATION_API_PORT,
+    ANNOTATION_ADMIN_PORT,
+    ANNOTATION_HOLD_APP_DOWN_AFTER,
+];
 
 /// What the injected sidecar looks like (from the controller's configuration).
 #[derive(Clone, Debug, PartialEq)]
@@ -59,6 +68,8 @@ pub struct PodOptions {
     pub api_port: u16,
     /// Admin port.
     pub admin_port: u16,
+    /// Hold mode: give leadership up after the app has been down this long (as given).
+    pub hold_app_down_after: Option<String>,
 }
 
 fn port(annotations: &BTreeMap<String, String>, key: &str, default: u16) -> Result<u16, String> {
@@ -102,7 +113,21 @@ pub fn pod_options(annotations: &BTreeMap<String, String>) -> Result<PodOptions,
     if api_port == admin_port {
         return Err(format!("annotations {ANNOTATION_API_PORT} and {ANNOTATION_ADMIN_PORT} must differ"));
     }
-    Ok(PodOptions { hold, ready_when_holding, api_port, admin_port })
+    let hold_app_down_after = match annotations.get(ANNOTATION_HOLD_APP_DOWN_AFTER) {
+        None => None,
+        Some(_) if hold.is_none() => {
+            return Err(format!("annotation {ANNOTATION_HOLD_APP_DOWN_AFTER} needs {ANNOTATION_HOLD}"));
+        }
+        Some(value) => match crate::controller::parse_duration(value) {
+            Ok(d) if !d.is_zero() => Some(value.clone()),
+            _ => {
+                return Err(format!(
+                    "annotation {ANNOTATION_HOLD_APP_DOWN_AFTER}: {value:?} is not a positive duration such as 10s"
+                ));
+            }
+        },
+    };
+    Ok(PodOptions { hold, ready_when_holding, api_port, admin_port, hold_app_down_after })
 }
 
 fn field_env(name: &str, path: &str) -> Value {
@@ -121,6 +146,9 @@ pub fn sidecar_container(template: &Template, options: &PodOptions) -> Value {
         env.push(json!({"name": "LEASEHOLD_HOLD_FILE", "value": format!("{RUN_DIR}/hold.json")}));
         env.push(json!({"name": "LEASEHOLD_READY_WHEN_HOLDING", "value": options.ready_when_holding.to_string()}));
     }
+    if let Some(after) = &options.hold_app_down_after {
+        env.push(json!({"name": "LEASEHOLD_HOLD_APP_DOWN_AFTER", "value": after}));
+    }
     json!({
         "name": SIDECAR_NAME,
         "image": template.image,
@@ -133,6 +161,9 @@ pub fn sidecar_container(template: &Template, options: &PodOptions) -> Value {
         "restartPolicy": "Always",
         "env": env,
         "ports": [{"name": "leasehold-admin", "containerPort": options.admin_port, "protocol": "TCP"}],
+        // The kubelet starts the app containers once this probe passes: the lock API is
+        // listening before the app's first request.
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": options.admin_port}, "periodSeconds": 1, "failureThreshold": 120},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": options.admin_port}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": options.admin_port}, "periodSeconds": 10},
         "resources": template.resources,
@@ -277,6 +308,14 @@ mod tests {
                 ),
             ),
             (
+                "hold-mode-app-down",
+                pod(
+                    json!({"containers": [app()]}),
+                    json!({LABEL_INJECT: "true"}),
+                    json!({ANNOTATION_HOLD: "leader", ANNOTATION_HOLD_APP_DOWN_AFTER: "10s"}),
+                ),
+            ),
+            (
                 "sidecar-already-present",
                 opted(
                     json!({"initContainers": [{"name": SIDECAR_NAME, "image": "x", "restartPolicy": "Always"}], "containers": [app()]}),
@@ -323,6 +362,9 @@ mod tests {
             (json!({ANNOTATION_API_PORT: "0"}), ANNOTATION_API_PORT),
             (json!({ANNOTATION_ADMIN_PORT: "70000"}), ANNOTATION_ADMIN_PORT),
             (json!({ANNOTATION_API_PORT: "9000", ANNOTATION_ADMIN_PORT: "9000"}), ANNOTATION_API_PORT),
+            (json!({ANNOTATION_HOLD_APP_DOWN_AFTER: "10s"}), ANNOTATION_HOLD_APP_DOWN_AFTER),
+            (json!({ANNOTATION_HOLD: "l", ANNOTATION_HOLD_APP_DOWN_AFTER: "soon"}), ANNOTATION_HOLD_APP_DOWN_AFTER),
+            (json!({ANNOTATION_HOLD: "l", ANNOTATION_HOLD_APP_DOWN_AFTER: "0s"}), ANNOTATION_HOLD_APP_DOWN_AFTER),
             (json!({"leasehold.dev/hodl": "l"}), "leasehold.dev/hodl"),
         ];
         for (annotations, named) in cases {

@@ -8,18 +8,17 @@ use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
-use super::{fence, force, inject, tls};
-use crate::crd::{ANNOTATION_TOKEN, DistributedLock, LABEL_FENCED_BY};
-use crate::lease::token;
+use super::{fence, force, inject, lock, request as forcerequest, tls};
+use crate::crd::{ANNOTATION_TOKEN, ForceReleaseRequest, LABEL_FENCED_BY};
 
 /// What the handlers need.
 #[derive(Clone)]
@@ -28,6 +27,8 @@ pub struct Webhooks {
     pub client: kube::Client,
     /// The sidecar to inject.
     pub template: inject::Template,
+    /// Approvals a force release needs on a lock whose policy does not say.
+    pub force_release_approvals: u32,
 }
 
 type Review = Json<AdmissionReview<DynamicObject>>;
@@ -78,7 +79,7 @@ async fn mutate_pods(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -
     }
 }
 
-async fn mutate_locks(Json(review): Review) -> Review {
+async fn mutate_locks(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Review {
     let request = match request(review) {
         Ok(r) => r,
         Err(message) => return invalid(message),
@@ -86,29 +87,156 @@ async fn mutate_locks(Json(review): Review) -> Review {
     let user = request.user_info.username.clone().unwrap_or_else(|| "unknown".into());
     let old = request.old_object.as_ref().map(|o| o.annotations());
     let new = request.object.as_ref().map(|o| o.annotations());
-    match force::stamp(old, new, &user) {
+    let reason = match force::requested(old, new) {
+        Ok(Some(reason)) => reason.to_owned(),
+        Ok(None) => return respond(AdmissionResponse::from(&request)),
+        Err(message) => return deny(&request, message),
+    };
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let lock_ref = format!("{namespace}/{}", request.name);
+    let policy = request.object.as_ref().and_then(|o| o.data["spec"]["forceRelease"]["approvals"].as_u64());
+    let required = policy.map_or(hooks.force_release_approvals, |n| u32::try_from(n).unwrap_or(u32::MAX));
+    if required > 0 {
+        return deny(
+            &request,
+            format!(
+                "lock {lock_ref} needs {required} approval(s) for a force release: create a ForceReleaseRequest (`leasehold release --force` does) and have another person approve it"
+            ),
+        );
+    }
+    // The hold as it is now, read fresh: the request is about this hold and no later one.
+    let hold = match lock::read(&hooks.client, &namespace, &request.name).await {
+        Ok(Some(state)) => state.hold,
+        Ok(None) => lock::Hold::Free,
+        Err(message) => return deny(&request, message),
+    };
+    match force::stamp(&lock_ref, &hold, &user) {
         Ok(patch) => {
-            if patch.is_some() {
-                info!(lock = %request.name, namespace = ?request.namespace, %user, "force release requested");
-            }
-            with_patch(&request, patch)
+            info!(lock = %lock_ref, %user, %reason, ?hold, "force release requested");
+            with_patch(&request, Some(patch))
         }
-        Err(message) => deny(&request, message),
+        Err(message) => {
+            info!(lock = %lock_ref, %user, %reason, %message, "force release refused");
+            deny(&request, message)
+        }
     }
 }
 
-/// The current token of `lock`: the highest recorded on its Lease or its status, read fresh.
-async fn current_token(client: &kube::Client, namespace: &str, lock: &str) -> Result<i64, String> {
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let dl = locks
-        .get_opt(lock)
-        .await
-        .map_err(|e| format!("cannot read lock {namespace}/{lock}: {e}"))?
-        .ok_or_else(|| format!("object is fenced by lock {namespace}/{lock}, which does not exist"))?;
-    let lease = leases.get_opt(lock).await.map_err(|e| format!("cannot read lease {namespace}/{lock}: {e}"))?;
-    let from_status = dl.status.and_then(|s| s.fencing_token).unwrap_or(0);
-    Ok(from_status.max(lease.as_ref().and_then(token::of_lease).unwrap_or(0)))
+fn typed(object: Option<&DynamicObject>) -> Result<Option<ForceReleaseRequest>, String> {
+    object
+        .map(|o| serde_json::to_value(o).and_then(serde_json::from_value))
+        .transpose()
+        .map_err(|e| format!("not a ForceReleaseRequest: {e}"))
+}
+
+/// Whether the requesting user holds the `approve` verb on this request's approval
+/// subresource, by a SubjectAccessReview (the apiserver's authorizer decides, as for
+/// CertificateSigningRequests).
+async fn may_approve(
+    client: &kube::Client,
+    request: &AdmissionRequest<DynamicObject>,
+    namespace: &str,
+) -> Result<bool, String> {
+    let info = &request.user_info;
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: info.username.clone(),
+            uid: info.uid.clone(),
+            groups: info.groups.clone(),
+            extra: info.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some(forcerequest::APPROVE_VERB.into()),
+                group: Some(crate::crd::GROUP.into()),
+                resource: Some("forcereleaserequests".into()),
+                subresource: Some(forcerequest::APPROVAL_SUBRESOURCE.into()),
+                name: Some(request.name.clone()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let answer = reviews.create(&PostParams::default(), &review).await.map_err(|e| {
+        format!("failed to check who may approve forcereleaserequest {namespace}/{}: {e}", request.name)
+    })?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+async fn mutate_requests(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Review {
+    let request = match request(review) {
+        Ok(r) => r,
+        Err(message) => return invalid(message),
+    };
+    let user = request.user_info.username.clone().unwrap_or_else(|| "unknown".into());
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let name = format!("{namespace}/{}", request.name);
+    let (old, new) = match (typed(request.old_object.as_ref()), typed(request.object.as_ref())) {
+        (Ok(old), Ok(Some(new))) => (old, new),
+        (Ok(_), Ok(None)) => return respond(AdmissionResponse::from(&request)),
+        (Err(message), _) | (_, Err(message)) => return deny(&request, message),
+    };
+    let now = jiff::Timestamp::now();
+    match (&request.operation, old) {
+        (Operation::Create, _) => {
+            let lock_ref = format!("{namespace}/{}", new.spec.lock);
+            // The hold as it is now, read fresh: the request is about this hold only.
+            let hold = match lock::read(&hooks.client, &namespace, &new.spec.lock).await {
+                Ok(state) => state.map(|s| s.hold),
+                Err(message) => return deny(&request, message),
+            };
+            match forcerequest::admit_create(&name, &new, &lock_ref, hold.as_ref(), &user, now) {
+                Ok(patch) => {
+                    info!(request = %name, lock = %lock_ref, %user, ?hold, "force-release request admitted");
+                    with_patch(&request, Some(patch))
+                }
+                Err(message) => deny(&request, message),
+            }
+        }
+        (Operation::Update, Some(old)) => {
+            let change = match forcerequest::classify_update(&name, &old, &new) {
+                Ok(change) => change,
+                Err(message) => return deny(&request, message),
+            };
+            let requester = new.spec.requester.as_deref() == Some(user.as_str());
+            let needs_review = match &change {
+                forcerequest::Change::Other => false,
+                forcerequest::Change::Approve => !requester,
+                forcerequest::Change::Deny(_) => !requester,
+            };
+            let allowed = if needs_review {
+                match may_approve(&hooks.client, &request, &namespace).await {
+                    Ok(allowed) => allowed,
+                    Err(message) => return deny(&request, message),
+                }
+            } else {
+                false
+            };
+            match forcerequest::admit_change(&name, &new, &change, &user, allowed, now) {
+                Ok(patch) => {
+                    if patch.is_some() {
+                        info!(request = %name, %user, ?change, "force-release request approval admitted");
+                    }
+                    with_patch(&request, patch)
+                }
+                Err(message) => {
+                    info!(request = %name, %user, ?change, %message, "force-release request approval refused");
+                    deny(&request, message)
+                }
+            }
+        }
+        _ => respond(AdmissionResponse::from(&request)),
+    }
+}
+
+/// The fencing label and token annotation of an object.
+fn fencing(object: Option<&DynamicObject>) -> (Option<&str>, Option<&str>) {
+    let Some(object) = object else { return (None, None) };
+    (
+        object.labels().get(LABEL_FENCED_BY).map(String::as_str),
+        object.annotations().get(ANNOTATION_TOKEN).map(String::as_str),
+    )
 }
 
 async fn validate_fenced(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Review {
@@ -116,30 +244,58 @@ async fn validate_fenced(State(hooks): State<Arc<Webhooks>>, Json(review): Revie
         Ok(r) => r,
         Err(message) => return invalid(message),
     };
-    if !matches!(request.operation, Operation::Create | Operation::Update) {
+    let operation = match request.operation {
+        Operation::Create => fence::Operation::Create,
+        Operation::Update => fence::Operation::Update,
+        Operation::Delete => fence::Operation::Delete,
+        Operation::Connect => return respond(AdmissionResponse::from(&request)),
+    };
+    let user = request.user_info.username.as_deref().unwrap_or_default();
+    if operation == fence::Operation::Delete && crate::webhook::guard::CLEANUP_USERS.contains(&user) {
+        // The garbage collector (the object's owner is gone) or the namespace controller
+        // (its namespace is being deleted): a deletion decided elsewhere, never refused.
         return respond(AdmissionResponse::from(&request));
     }
-    let Some(object) = &request.object else { return respond(AdmissionResponse::from(&request)) };
-    let Some(lock) = object.labels().get(LABEL_FENCED_BY).cloned() else {
+    let (old_lock, old_token) = fencing(request.old_object.as_ref());
+    let (new_lock, new_token) = fencing(request.object.as_ref());
+    let write = fence::Write { old_lock, old_token, new_lock, new_token };
+    let involved = fence::locks(operation, &write);
+    if involved.is_empty() {
         return respond(AdmissionResponse::from(&request));
-    };
+    }
     let Some(namespace) = request.namespace.clone().filter(|n| !n.is_empty()) else {
-        return deny(&request, format!("object fenced by lock {lock} must be namespaced (locks are namespaced)"));
+        // Locks are namespaced: no lock fences a cluster-scoped object. Labelling one is a
+        // mistake worth refusing; removing the label or deleting it never is.
+        return match write.new_lock {
+            Some(lock) => {
+                deny(&request, format!("object fenced by lock {lock} must be namespaced (locks are namespaced)"))
+            }
+            None => respond(AdmissionResponse::from(&request)),
+        };
     };
-    let lock_ref = format!("{namespace}/{lock}");
-    let current = match current_token(&hooks.client, &namespace, &lock).await {
-        Ok(t) => t,
-        Err(message) => return deny(&request, message),
-    };
-    let stored = request
-        .old_object
-        .as_ref()
-        .and_then(|o| o.annotations().get(ANNOTATION_TOKEN).cloned())
-        .and_then(|v| token::parse(&v).ok());
-    let presented = object.annotations().get(ANNOTATION_TOKEN).map(String::as_str);
-    match fence::judge(&lock_ref, presented, fence::Current { lock: current, object: stored }) {
-        Ok(_) => respond(AdmissionResponse::from(&request)),
-        Err(message) => deny(&request, message),
+    let mut tokens = fence::Tokens::new();
+    for name in involved {
+        match lock::read(&hooks.client, &namespace, &name).await {
+            Ok(state) => tokens.insert(name, state.map(|s| s.token)),
+            Err(message) => return deny(&request, message),
+        };
+    }
+    match fence::judge(operation, &write, &namespace, &tokens) {
+        Ok(()) => respond(AdmissionResponse::from(&request)),
+        Err(refusal) => {
+            info!(
+                kind = %request.kind.kind,
+                name = %request.name,
+                namespace = %namespace,
+                operation = ?operation,
+                lock = %refusal.lock,
+                presented = refusal.presented.as_deref().unwrap_or("none"),
+                current = ?refusal.current,
+                %user,
+                "fenced write refused"
+            );
+            deny(&request, refusal.message)
+        }
     }
 }
 
@@ -148,6 +304,7 @@ pub fn router(hooks: Webhooks) -> Router {
     Router::new()
         .route("/mutate/pods", post(mutate_pods))
         .route("/mutate/distributedlocks", post(mutate_locks))
+        .route("/mutate/forcereleaserequests", post(mutate_requests))
         .route("/validate/fenced", post(validate_fenced))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(Arc::new(hooks))
@@ -194,6 +351,7 @@ pub async fn serve(
 pub async fn start(
     config: &super::Config,
     client: kube::Client,
+    force_release_approvals: u32,
     bound: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Option<impl std::future::Future<Output = std::io::Result<()>> + use<>>> {
@@ -204,6 +362,6 @@ pub async fn start(
         .await
         .map_err(|e| anyhow::anyhow!("failed to bind the webhook server to {addr}: {e}"))?;
     info!(addr = %listener.local_addr()?, "webhook server listening");
-    let router = router(Webhooks { client, template: config.template() });
+    let router = router(Webhooks { client, template: config.template(), force_release_approvals });
     Ok(Some(serve(listener, tls, router, bound, shutdown)))
 }

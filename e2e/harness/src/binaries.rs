@@ -9,6 +9,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+/// Names a directory under `e2e/controlplane` (e.g. `releases/v1.30`) whose `go.mod` pins
+/// the release to run instead of the default one: how `make test` runs suites against the
+/// oldest supported release.
+pub(crate) const RELEASE_ENV: &str = "LEASEHOLD_KUBE_RELEASE";
+
 /// The binaries every control plane needs (`kubectl` is for dumps and for tests).
 const REQUIRED: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"];
 
@@ -20,10 +25,15 @@ pub(crate) struct Binaries {
 }
 
 impl Binaries {
-    /// Locates the binaries of the release pinned in `e2e/controlplane/go.mod`, building
+    /// Locates the binaries of the release pinned in `e2e/controlplane/go.mod` — or, when
+    /// [`RELEASE_ENV`] names one (`releases/v1.30`), in that directory's `go.mod` — building
     /// the missing ones first.
     pub(crate) fn locate() -> anyhow::Result<Binaries> {
-        let controlplane = controlplane_dir();
+        let release = std::env::var(RELEASE_ENV).ok().filter(|r| !r.is_empty());
+        let controlplane = match &release {
+            Some(release) => controlplane_dir().join(release),
+            None => controlplane_dir(),
+        };
         let go_mod = controlplane.join("go.mod");
         let text = std::fs::read_to_string(&go_mod).with_context(|| format!("failed to read {}", go_mod.display()))?;
         let version = pinned_version(&text)
@@ -31,7 +41,7 @@ impl Binaries {
         let dir = cache_dir()?.join("controlplane").join(&version).join("bin");
         let binaries = Binaries { dir, version };
         if !binaries.missing().is_empty() {
-            binaries.build(&controlplane)?;
+            binaries.build(release.as_deref())?;
         }
         let missing = binaries.missing();
         if !missing.is_empty() {
@@ -49,7 +59,7 @@ impl Binaries {
         REQUIRED.into_iter().filter(|name| !self.path(name).is_file()).collect()
     }
 
-    fn build(&self, controlplane: &Path) -> anyhow::Result<()> {
+    fn build(&self, release: Option<&str>) -> anyhow::Result<()> {
         // Written straight to stderr (not `eprintln!`) so that it shows even while libtest
         // captures the output of the test that happened to trigger the build.
         let _ = writeln!(
@@ -58,8 +68,9 @@ impl Binaries {
              (a cold build takes 10-20 minutes)",
             self.dir.display()
         );
-        let script = controlplane.join("build.sh");
+        let script = controlplane_dir().join("build.sh");
         let status = Command::new(&script)
+            .args(release)
             .stdin(Stdio::null())
             // The script prints the bin directory on stdout; its progress goes to stderr.
             .stdout(Stdio::null())

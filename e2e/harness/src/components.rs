@@ -143,7 +143,9 @@ pub(crate) fn apiserver(binaries: &Binaries, layout: &Layout, etcd_url: &str, po
 }
 
 /// kube-controller-manager with only the controllers tests rely on: garbage collection
-/// (owner references), namespace deletion, and each namespace's `default` ServiceAccount.
+/// (owner references), namespace deletion, each namespace's `default` ServiceAccount, and
+/// ClusterRole aggregation (the built-in `view`, `edit` and `admin` roles gain what the
+/// chart's aggregated roles add).
 pub(crate) fn controller_manager(binaries: &Binaries, layout: &Layout) -> Launch {
     let path = |p: PathBuf| p.display().to_string();
     Launch {
@@ -151,7 +153,8 @@ pub(crate) fn controller_manager(binaries: &Binaries, layout: &Layout) -> Launch
         program: binaries.path("kube-controller-manager"),
         args: vec![
             format!("--kubeconfig={}", path(layout.admin_kubeconfig())),
-            "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller".into(),
+            "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,clusterrole-aggregation-controller"
+                .into(),
             // One instance: electing a leader would only add seconds to start-up.
             "--leader-elect=false".into(),
             // 0 disables its HTTPS endpoint, which tests do not use (no port to collide).

@@ -17,6 +17,9 @@
 //! blackhole) between one client and one server, and [`postgres::Postgres`] runs a
 //! throwaway PostgreSQL server for resource-side fencing tests and examples.
 //!
+//! [`node`] adds a real node (kubelet, containerd, kube-proxy, kube-scheduler) in network
+//! and mount namespaces of its own, for tests that run Leasehold in real pods.
+//!
 //! Component logs (`etcd.log`, `kube-apiserver.log`, `kube-controller-manager.log`) are in
 //! [`ControlPlane::work_dir`]; it is removed at exit unless a test failed. Only Linux is
 //! supported (`PR_SET_PDEATHSIG`, `/proc`).
@@ -27,6 +30,7 @@ mod controlplane;
 mod kubeconfig;
 mod namespace;
 pub mod netfault;
+pub mod node;
 mod pki;
 pub mod postgres;
 pub mod process;
@@ -39,6 +43,7 @@ use std::sync::OnceLock;
 pub use controlplane::ControlPlane;
 pub use namespace::TestNamespace;
 pub use netfault::{Fault, FaultProxy};
+pub use node::{Node, shared_node};
 pub use postgres::Postgres;
 pub use process::{Supervised, process_exists};
 pub use wait::eventually;

@@ -48,9 +48,32 @@ pub struct TestNamespace {
     work_dir: PathBuf,
 }
 
+/// How to reach a cluster as its admin: what a [`TestNamespace`] needs.
+pub(crate) struct Access {
+    pub(crate) admin: kube::Client,
+    pub(crate) server_url: String,
+    pub(crate) ca_pem: String,
+    pub(crate) admin_token: String,
+    pub(crate) kubectl: PathBuf,
+    pub(crate) admin_kubeconfig: PathBuf,
+    pub(crate) work_dir: PathBuf,
+}
+
 impl TestNamespace {
     pub(crate) async fn create(control_plane: &ControlPlane, prefix: &str) -> anyhow::Result<TestNamespace> {
-        let admin = control_plane.admin_client().await;
+        let access = Access {
+            admin: control_plane.admin_client().await,
+            server_url: control_plane.server_url().to_owned(),
+            ca_pem: control_plane.ca_pem().to_owned(),
+            admin_token: control_plane.admin_token().to_owned(),
+            kubectl: control_plane.binary("kubectl"),
+            admin_kubeconfig: control_plane.kubeconfig_path().to_owned(),
+            work_dir: control_plane.work_dir().to_owned(),
+        };
+        Self::create_with(&access, prefix).await
+    }
+
+    pub(crate) async fn create_with(access: &Access, prefix: &str) -> anyhow::Result<TestNamespace> {
         let namespace = Namespace {
             metadata: ObjectMeta {
                 // The apiserver appends a unique suffix: no clashes across tests or runs.
@@ -60,20 +83,27 @@ impl TestNamespace {
             },
             ..Namespace::default()
         };
-        let created = Api::<Namespace>::all(admin)
+        let created = Api::<Namespace>::all(access.admin.clone())
             .create(&PostParams::default(), &namespace)
             .await
             .with_context(|| format!("failed to create a namespace with prefix {prefix:?}"))?;
         let name = created.metadata.name.context("the apiserver returned a namespace without a name")?;
-        let client = control_plane.identity(startup::ADMIN_USER, control_plane.admin_token(), &name).client().await?;
+        let identity = Identity {
+            server: &access.server_url,
+            ca_pem: &access.ca_pem,
+            user: startup::ADMIN_USER,
+            token: &access.admin_token,
+            namespace: &name,
+        };
+        let client = identity.client().await?;
         Ok(TestNamespace {
             name,
             client,
-            server_url: control_plane.server_url().to_owned(),
-            ca_pem: control_plane.ca_pem().to_owned(),
-            kubectl: control_plane.binary("kubectl"),
-            admin_kubeconfig: control_plane.kubeconfig_path().to_owned(),
-            work_dir: control_plane.work_dir().to_owned(),
+            server_url: access.server_url.clone(),
+            ca_pem: access.ca_pem.clone(),
+            kubectl: access.kubectl.clone(),
+            admin_kubeconfig: access.admin_kubeconfig.clone(),
+            work_dir: access.work_dir.clone(),
         })
     }
 
@@ -187,17 +217,18 @@ impl TestNamespace {
         kubectl
     }
 
-    /// Everything in the namespace as YAML, including DistributedLocks once their CRD is
-    /// installed; errors are included rather than hidden.
+    /// Everything in the namespace as YAML, including DistributedLocks, LockClaims and
+    /// ForceReleaseRequests once their CRDs are installed; errors are included rather than hidden.
     fn dump(&self) -> String {
-        let has_locks = self
-            .kubectl()
-            .args(["get", "crd", "distributedlocks.leasehold.dev"])
-            .output()
-            .is_ok_and(|output| output.status.success());
         let mut kinds = DUMPED_KINDS.to_owned();
-        if has_locks {
-            kinds.push_str(",distributedlocks.leasehold.dev");
+        for crd in ["distributedlocks.leasehold.dev", "lockclaims.leasehold.dev", "forcereleaserequests.leasehold.dev"]
+        {
+            let installed =
+                self.kubectl().args(["get", "crd", crd]).output().is_ok_and(|output| output.status.success());
+            if installed {
+                kinds.push(',');
+                kinds.push_str(crd);
+            }
         }
         match self.kubectl().args(["get", &kinds, "--namespace", &self.name, "--output=yaml"]).output() {
             Ok(output) => {

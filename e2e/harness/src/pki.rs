@@ -84,6 +84,24 @@ impl Pki {
             .with_context(|| format!("failed to sign a serving certificate for {hosts:?}"))?;
         Ok(CertifiedKey { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
+
+    /// A TLS client certificate for the user `common_name` in the groups `organizations`
+    /// (how the apiserver reads an X.509 identity), signed by the CA.
+    pub(crate) fn client_cert(&self, common_name: &str, organizations: &[&str]) -> anyhow::Result<CertifiedKey> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).context("failed to build client parameters")?;
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        for organization in organizations {
+            params.distinguished_name.push(DnType::OrganizationName, *organization);
+        }
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().context("failed to generate a client key")?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .with_context(|| format!("failed to sign a client certificate for {common_name}"))?;
+        Ok(CertifiedKey { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
 }
 
 #[cfg(test)]

@@ -36,12 +36,36 @@ pub struct Supervised {
     /// Length of the log when this child started: earlier lines belong to predecessors.
     log_start: u64,
     reaped: bool,
+    /// SIGTERM and this long to exit before SIGKILL (a child that cleans up after itself).
+    graceful: Option<std::time::Duration>,
 }
 
 impl Supervised {
     /// Spawns `command` (from the spawner thread, armed with `PR_SET_PDEATHSIG`), with
     /// stdin closed and stdout and stderr appended to `log`.
-    pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Supervised> {
+    pub fn spawn(name: &str, command: Command, log: &Path) -> anyhow::Result<Supervised> {
+        Self::spawn_with(name, command, log, None)
+    }
+
+    /// Like [`Self::spawn`], for a child that must clean up after itself (the node
+    /// supervisor): it gets SIGTERM, and `grace` to exit before SIGKILL, when dropped,
+    /// when the test process exits, and (as its parent-death signal) when the test process
+    /// dies.
+    pub fn spawn_graceful(
+        name: &str,
+        command: Command,
+        log: &Path,
+        grace: std::time::Duration,
+    ) -> anyhow::Result<Supervised> {
+        Self::spawn_with(name, command, log, Some(grace))
+    }
+
+    fn spawn_with(
+        name: &str,
+        mut command: Command,
+        log: &Path,
+        graceful: Option<std::time::Duration>,
+    ) -> anyhow::Result<Supervised> {
         let output = OpenOptions::new()
             .create(true)
             .append(true)
@@ -50,10 +74,14 @@ impl Supervised {
         let log_start = output.metadata().map_or(0, |meta| meta.len());
         let errors = output.try_clone().with_context(|| format!("failed to duplicate log file {}", log.display()))?;
         command.stdin(Stdio::null()).stdout(Stdio::from(output)).stderr(Stdio::from(errors));
-        let child = spawn_on_spawner_thread(command)
+        let death_signal = if graceful.is_some() { libc::SIGTERM } else { libc::SIGKILL };
+        let child = spawn_on_spawner_thread(command, death_signal)
             .with_context(|| format!("failed to start {name} (log: {})", log.display()))?;
-        register(child.id());
-        Ok(Supervised { name: name.to_owned(), child, log: log.to_owned(), log_start, reaped: false })
+        match graceful {
+            Some(grace) => register_graceful(child.id(), grace),
+            None => register(child.id()),
+        }
+        Ok(Supervised { name: name.to_owned(), child, log: log.to_owned(), log_start, reaped: false, graceful })
     }
 
     /// The process id.
@@ -128,6 +156,16 @@ impl Supervised {
         if self.reaped {
             return;
         }
+        if let Some(grace) = self.graceful {
+            self.signal(libc::SIGTERM);
+            let deadline = std::time::Instant::now() + grace;
+            while std::time::Instant::now() < deadline {
+                if self.exit_status().is_some() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
         // kill() fails only if the child already exited; wait() reaps it either way.
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -158,10 +196,10 @@ pub fn process_exists(pid: u32) -> bool {
     result == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+type SpawnRequest = (Command, libc::c_int, mpsc::Sender<io::Result<Child>>);
 
 /// Sends `command` to the spawner thread and waits for the spawned child.
-fn spawn_on_spawner_thread(command: Command) -> io::Result<Child> {
+fn spawn_on_spawner_thread(command: Command, death_signal: libc::c_int) -> io::Result<Child> {
     static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
     let requests = SPAWNER.get_or_init(|| {
         let (requests, incoming) = mpsc::channel::<SpawnRequest>();
@@ -170,19 +208,21 @@ fn spawn_on_spawner_thread(command: Command) -> io::Result<Child> {
         thread::Builder::new()
             .name("leasehold-harness-spawner".into())
             .spawn(move || {
-                for (mut command, reply) in incoming {
-                    let _ = reply.send(spawn_with_parent_death_signal(&mut command));
+                for (mut command, death_signal, reply) in incoming {
+                    let _ = reply.send(spawn_with_parent_death_signal(&mut command, death_signal));
                 }
             })
             .expect("the OS refused to start the harness spawner thread");
         requests
     });
     let (reply, response) = mpsc::channel();
-    requests.send((command, reply)).map_err(|_| io::Error::other("the harness spawner thread is gone"))?;
+    requests
+        .send((command, death_signal, reply))
+        .map_err(|_| io::Error::other("the harness spawner thread is gone"))?;
     response.recv().map_err(|_| io::Error::other("the harness spawner thread dropped a request"))?
 }
 
-fn spawn_with_parent_death_signal(command: &mut Command) -> io::Result<Child> {
+fn spawn_with_parent_death_signal(command: &mut Command, death_signal: libc::c_int) -> io::Result<Child> {
     ensure_exit_hook();
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only the
@@ -190,7 +230,7 @@ fn spawn_with_parent_death_signal(command: &mut Command) -> io::Result<Child> {
     // from_raw_os_error build the error without allocating).
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, death_signal as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             // If the test process died between fork and prctl, no signal will ever come.
@@ -221,6 +261,17 @@ fn register(pid: u32) {
 
 fn unregister(pid: u32) {
     live_children().retain(|live| *live != pid);
+    graceful_children().retain(|(live, _)| *live != pid);
+}
+
+/// Children that get SIGTERM and a grace period at exit, before the others are killed.
+fn graceful_children() -> MutexGuard<'static, Vec<(u32, std::time::Duration)>> {
+    static LIVE: Mutex<Vec<(u32, std::time::Duration)>> = Mutex::new(Vec::new());
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn register_graceful(pid: u32, grace: std::time::Duration) {
+    graceful_children().push((pid, grace));
 }
 
 /// Removes `dir` when the process exits, unless a test failed (see [`keep_logs`]).
@@ -254,6 +305,34 @@ fn ensure_exit_hook() {
 
 /// SIGKILLs and reaps every registered child, then removes the registered directories.
 extern "C" fn kill_children_at_exit() {
+    let graceful: Vec<(u32, std::time::Duration)> = graceful_children().drain(..).collect();
+    for &(pid, _) in &graceful {
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // SAFETY: plain syscall on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+    for (pid, grace) in graceful {
+        let Ok(pid) = libc::pid_t::try_from(pid) else { continue };
+        let deadline = std::time::Instant::now() + grace;
+        loop {
+            let mut status = 0;
+            // SAFETY: as above; `status` is a valid out-pointer.
+            let done = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+            if done != 0 {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &raw mut status, 0);
+                }
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
     let pids: Vec<u32> = live_children().drain(..).collect();
     for &pid in &pids {
         if let Ok(pid) = libc::pid_t::try_from(pid) {

@@ -43,10 +43,16 @@ pub fn root() -> anyhow::Result<PathBuf> {
     Ok(cache.join("schemas").join(FORMAT))
 }
 
-/// The release pinned in `e2e/controlplane/go.mod` (e.g. `v1.36.3`), read without building
-/// anything (the rule of `build.sh`: the first `k8s.io/kubernetes` requirement).
+/// The release pinned in `e2e/controlplane/go.mod` (e.g. `v1.36.3`) — or in the `go.mod`
+/// of the directory that `LEASEHOLD_KUBE_RELEASE` names, as the control plane runs — read
+/// without building anything (the rule of `build.sh`: the first `k8s.io/kubernetes`
+/// requirement).
 pub fn pinned_release() -> anyhow::Result<String> {
-    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../controlplane/go.mod");
+    let mut go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../controlplane");
+    if let Some(release) = std::env::var(crate::binaries::RELEASE_ENV).ok().filter(|r| !r.is_empty()) {
+        go_mod.push(release);
+    }
+    let go_mod = go_mod.join("go.mod");
     let text = std::fs::read_to_string(&go_mod).with_context(|| format!("failed to read {}", go_mod.display()))?;
     text.lines()
         .find_map(|line| {

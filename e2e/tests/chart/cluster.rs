@@ -15,6 +15,10 @@ use super::helm::{Helm, NAMESPACE, RELEASE, chart_dir};
 
 /// Name of the DistributedLock CRD.
 pub const CRD: &str = "distributedlocks.leasehold.dev";
+/// Name of the LockClaim CRD.
+pub const CLAIM_CRD: &str = "lockclaims.leasehold.dev";
+/// The ForceReleaseRequest CRD's name.
+pub const REQUEST_CRD: &str = "forcereleaserequests.leasehold.dev";
 
 /// A control plane of its own, an admin client, and Helm pointed at it.
 pub struct ChartCluster {
@@ -55,16 +59,25 @@ impl ChartCluster {
     /// `helm install` (or `upgrade`, with `verb`) of the chart with extra arguments;
     /// waits until the CRD, if any, is established.
     pub async fn helm_apply(&self, verb: &str, extra: &[&str]) -> String {
-        let chart = chart_dir();
+        self.helm_apply_chart(&chart_dir(), verb, extra).await
+    }
+
+    /// Like [`Self::helm_apply`], of `chart`: a chart directory or a packaged chart.
+    pub async fn helm_apply_chart(&self, chart: &std::path::Path, verb: &str, extra: &[&str]) -> String {
         let mut args = vec![verb, RELEASE, chart.to_str().expect("a UTF-8 path"), "--namespace", NAMESPACE];
         args.extend(extra);
         let output = self.helm.must(&args).await;
         let crds: Api<CustomResourceDefinition> = Api::all(self.admin.clone());
-        if crds.get_opt(CRD).await.expect("read the CRD").is_some() {
-            tokio::time::timeout(Duration::from_secs(30), await_condition(crds, CRD, conditions::is_crd_established()))
+        for crd in [CRD, CLAIM_CRD] {
+            if crds.get_opt(crd).await.expect("read the CRD").is_some() {
+                tokio::time::timeout(
+                    Duration::from_secs(30),
+                    await_condition(crds.clone(), crd, conditions::is_crd_established()),
+                )
                 .await
                 .expect("the CRD is established within 30 s")
                 .expect("watch the CRD");
+            }
         }
         output
     }

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
-use leasehold::crd::{DistributedLock, DistributedLockSpec};
+use leasehold::crd::{DistributedLock, DistributedLockSpec, ForceReleaseRequest};
 use serde_json::json;
 
 use super::cluster::{CRD, ChartCluster};
@@ -72,7 +72,7 @@ async fn install_upgrade_uninstall_keep_the_certificate_and_honour_crds_keep() {
     let crd = crds.get(CRD).await.expect("the CRD");
     assert_eq!(crd.annotations().get("helm.sh/resource-policy").map(String::as_str), Some("keep"));
     let mutating = Api::<MutatingWebhookConfiguration>::all(admin.clone()).get("leasehold").await.expect("mutating");
-    assert_eq!(mutating.webhooks.as_ref().map(Vec::len), Some(2));
+    assert_eq!(mutating.webhooks.as_ref().map(Vec::len), Some(3));
     let validating =
         Api::<ValidatingWebhookConfiguration>::all(admin.clone()).get("leasehold").await.expect("validating");
     assert_eq!(validating.webhooks.as_ref().map(Vec::len), Some(1));
@@ -87,7 +87,7 @@ async fn install_upgrade_uninstall_keep_the_certificate_and_honour_crds_keep() {
         Some(2)
     );
     let (secret, bundles) = certificates(&cluster).await;
-    assert_eq!(bundles.len(), 3);
+    assert_eq!(bundles.len(), 4);
     assert!(bundles.iter().all(|b| Some(b) == secret.get("ca.crt")), "every caBundle is the Secret's CA");
 
     // The Lease guard is in force: not even the admin may create a lock Lease.
@@ -115,6 +115,14 @@ async fn install_upgrade_uninstall_keep_the_certificate_and_honour_crds_keep() {
         locks.create(&params, &lock("forced", &[("leasehold.dev/force-release", "why")])).await,
         "force-release.leasehold.dev",
         "an unaudited force release",
+    );
+    let request: ForceReleaseRequest = serde_json::from_value(json!({"metadata": {"name": "stuck"},
+        "spec": {"lock": "plain", "reason": "why"}}))
+    .expect("a ForceReleaseRequest");
+    refused_by(
+        Api::<ForceReleaseRequest>::namespaced(admin.clone(), &app.name).create(&params, &request).await,
+        "force-release-requests.leasehold.dev",
+        "a force-release request nobody stamped",
     );
     let fenced: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "fenced",
         "labels": {"leasehold.dev/fenced-by": "plain"}, "annotations": {"leasehold.dev/fencing-token": "1"}}}))

@@ -33,7 +33,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const CONTROLLER: &str = "leasehold-controller";
 
 /// The controller as the chart would run it, but as a local process.
-struct ChartController {
+pub(super) struct ChartController {
     process: LeaseholdProcess,
     webhook: SocketAddr,
 }
@@ -61,7 +61,7 @@ impl ChartController {
     /// Starts the controller with a token of the chart's ServiceAccount, bound to a Pod
     /// created from the chart's template in the release namespace (which enforces the
     /// `restricted` Pod Security Standard). `ns` only lends its kubeconfig writer.
-    async fn start(cluster: &ChartCluster, ns: &TestNamespace) -> ChartController {
+    pub(super) async fn start(cluster: &ChartCluster, ns: &TestNamespace) -> ChartController {
         let deployment = Api::<Deployment>::namespaced(cluster.admin.clone(), NAMESPACE)
             .get(CONTROLLER)
             .await
@@ -137,7 +137,7 @@ impl ChartController {
     /// Points the chart's webhook configurations at this process (the apiserver cannot
     /// reach the in-cluster Service: there is no kubelet, so no endpoint), keeping their
     /// rules, selectors and failure policies, and waits until injection answers in `ns`.
-    async fn serve_chart_webhooks(&self, cluster: &ChartCluster, ns: &TestNamespace) {
+    pub(super) async fn serve_chart_webhooks(&self, cluster: &ChartCluster, ns: &TestNamespace) {
         let local = |config: &WebhookClientConfig| WebhookClientConfig {
             url: Some(format!(
                 "https://{}{}",
@@ -168,7 +168,7 @@ impl ChartController {
         .expect("injection works");
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         self.process.log_tail(100_000)
     }
 }
@@ -217,10 +217,21 @@ async fn the_charts_rbac_suffices_for_the_controller_its_webhooks_and_app_sideca
         events.list(&ListParams::default()).await.expect("events").items.into_iter().filter_map(|e| e.reason).collect();
     assert!(reasons.iter().any(|r| r == "Granted") && reasons.iter().any(|r| r == "Expired"), "{reasons:?}");
 
-    // The webhooks, served by that controller: an audited force release (stamped by the
-    // webhook, carried out and cleared by the controller) and fencing of an object.
+    // The webhooks, served by that controller: an audited force release of a hold
+    // (stamped by the webhook with who asked and the hold's token, carried out and cleared
+    // by the controller) and fencing of an object.
+    let holder = stage.pod("holder").await;
+    let hold = holder.claimant(&ns.name).acquire(LOCK, WAIT).await.expect("a hold to force-release");
     let locks = stage.locks();
     let patch = json!({"metadata": {"annotations": {"leasehold.dev/force-release": "chart test"}}});
+    // The chart's default policy needs one approval: the one-step annotation is refused
+    // until the lock itself opts in to break glass.
+    match locks.patch(LOCK, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(s)) if s.message.contains("needs 1 approval") => {}
+        other => panic!("the chart's default policy refuses the annotation: {other:?}"),
+    }
+    let one_step = json!({"spec": {"forceRelease": {"approvals": 0}}});
+    locks.patch(LOCK, &PatchParams::default(), &Patch::Merge(&one_step)).await.expect("opt in to one step");
     locks.patch(LOCK, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("request a force release");
     let lock = wait_for(&locks, LOCK, WAIT, "the force release recorded and cleared", |l: &DistributedLock| {
         l.status.as_ref().and_then(|s| s.last_force_release.as_ref()).is_some_and(|r| r.reason == "chart test")
@@ -229,7 +240,9 @@ async fn the_charts_rbac_suffices_for_the_controller_its_webhooks_and_app_sideca
     .await
     .unwrap_or_else(|e| panic!("{e}\ncontroller log:\n{}", controller.log()));
     let status = lock.status.expect("status");
-    assert_eq!(status.last_force_release.expect("recorded").by, "leasehold-admin", "stamped with who asked");
+    let record = status.last_force_release.expect("recorded");
+    assert_eq!(record.by, "leasehold-admin", "stamped with who asked");
+    assert_eq!(record.revoked_token, Some(hold.token()), "the hold's token revoked");
     let current = status.fencing_token.expect("a token");
     let config_maps: Api<ConfigMap> = Api::namespaced(cluster.admin.clone(), &ns.name);
     let fenced = |token: i64| -> ConfigMap {

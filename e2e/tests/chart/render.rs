@@ -46,18 +46,20 @@ async fn the_charts_lease_guard_is_what_leasehold_lease_guard_prints() {
             .expect("run leasehold lease-guard");
         assert!(output.status.success());
         let expected = objects(&String::from_utf8_lossy(&output.stdout));
-        assert_eq!(expected.len(), 2, "a policy and a binding");
+        assert_eq!(expected.len(), 4, "the Lease and the LockClaim policies and their bindings");
         for object in &expected {
             let kind = object["kind"].as_str().expect("a kind");
             let name = object["metadata"]["name"].as_str().expect("a name");
             let ours = find(&rendered, kind, name).unwrap_or_else(|| panic!("the chart renders no {kind} {name}"));
             assert_eq!(content(ours), content(object), "{kind} {name} differs from `leasehold lease-guard` ({sets:?})");
         }
-        let policy = find(&rendered, "ValidatingAdmissionPolicy", "leasehold-lease-guard").expect("policy");
-        assert!(
-            policy["spec"]["matchConditions"][0]["expression"].as_str().is_some_and(|e| e.contains(&user)),
-            "the guard exempts {user}"
-        );
+        for name in ["leasehold-lease-guard", "leasehold-claim-guard"] {
+            let policy = find(&rendered, "ValidatingAdmissionPolicy", name).expect("policy");
+            assert!(
+                policy["spec"]["matchConditions"][0]["expression"].as_str().is_some_and(|e| e.contains(&user)),
+                "{name} exempts {user}"
+            );
+        }
     }
 }
 
@@ -72,6 +74,24 @@ async fn the_charts_crd_is_the_committed_one_and_obeys_crds_enabled_and_keep() {
     let crd = find(&rendered, "CustomResourceDefinition", name).expect("the CRD by default");
     assert_eq!(content(crd), content(&committed), "the chart's CRD differs from crds/ (run make generate)");
     assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep", "kept by default");
+
+    let committed_claims = std::fs::read_to_string(repo().join("crds/leasehold.dev_lockclaims.yaml"))
+        .expect("crds/ has the LockClaim CRD");
+    let committed_claims = objects(&committed_claims).pop().expect("one CRD");
+    let claims = find(&rendered, "CustomResourceDefinition", "lockclaims.leasehold.dev").expect("the LockClaim CRD");
+    assert_eq!(content(claims), content(&committed_claims), "the chart's LockClaim CRD differs from crds/");
+    assert_eq!(claims["metadata"]["annotations"]["helm.sh/resource-policy"], "keep", "kept by default");
+
+    let committed_requests = std::fs::read_to_string(repo().join("crds/leasehold.dev_forcereleaserequests.yaml"))
+        .expect("crds/ has the ForceReleaseRequest CRD");
+    let committed_requests = objects(&committed_requests).pop().expect("one CRD");
+    let requests = find(&rendered, "CustomResourceDefinition", "forcereleaserequests.leasehold.dev")
+        .expect("the ForceReleaseRequest CRD");
+    assert_eq!(
+        content(requests),
+        content(&committed_requests),
+        "the chart's ForceReleaseRequest CRD differs from crds/"
+    );
 
     let rendered = helm.template(&["crds.keep=false"]).await;
     let crd = find(&rendered, "CustomResourceDefinition", name).expect("the CRD");
@@ -123,9 +143,13 @@ async fn the_default_rendering_is_restricted_highly_available_and_fails_closed()
         .collect();
     assert_eq!(env, [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")], "downward API");
     let args = args(&rendered);
-    for expected in
-        ["--leader-elect=true", "--webhook-addr=0.0.0.0:9443", "--sidecar-image=ghcr.io/leasehold/leasehold:0.1.0"]
-    {
+    for expected in [
+        "--leader-elect=true",
+        "--webhook-addr=0.0.0.0:9443",
+        "--sidecar-image=ghcr.io/leasehold/leasehold:0.1.0",
+        // The two-person rule by default (docs/guides/force-release.md).
+        "--force-release-approvals=1",
+    ] {
         assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
     }
     let resources = args.iter().find_map(|a| a.strip_prefix("--sidecar-resources=")).expect("sidecar resources");
@@ -140,7 +164,21 @@ async fn the_default_rendering_is_restricted_highly_available_and_fails_closed()
     assert!(secret["data"]["tls.crt"].is_string() && secret["data"]["tls.key"].is_string());
     let hooks = webhooks(&rendered);
     let names: Vec<&str> = hooks.iter().map(|h| h["name"].as_str().expect("name")).collect();
-    assert_eq!(names, ["inject.leasehold.dev", "force-release.leasehold.dev", "fenced.leasehold.dev"]);
+    assert_eq!(
+        names,
+        [
+            "inject.leasehold.dev",
+            "force-release.leasehold.dev",
+            "force-release-requests.leasehold.dev",
+            "fenced.leasehold.dev"
+        ]
+    );
+    // Deletions of fenced objects are checked too (the lock from the old object).
+    assert_eq!(hooks[3]["rules"][0]["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
+    // Every request and approval passes the webhook that stamps who asked and approved.
+    assert_eq!(hooks[2]["rules"][0]["resources"], json!(["forcereleaserequests"]));
+    assert_eq!(hooks[2]["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+    assert!(hooks[2].get("matchConditions").is_none(), "no request escapes it");
     for hook in &hooks {
         assert_eq!(hook["clientConfig"]["caBundle"], ca, "{}", hook["name"]);
         assert_eq!(hook["clientConfig"]["service"]["name"], "leasehold-webhook");
@@ -259,4 +297,50 @@ async fn every_documented_value_set_validates_strictly_against_the_pinned_releas
     assert!(output.status.success(), "make lint's script failed:\n{stderr}\n{stdout}");
     let cases = std::fs::read_dir(super::helm::chart_dir().join("ci")).expect("ci/").count() + 1;
     assert!(stdout.contains(&format!("{cases} value sets rendered and valid")), "{stdout}\n{stderr}");
+}
+
+#[tokio::test]
+async fn host_network_moves_the_ports_onto_the_node_and_requires_replicas_on_different_nodes() {
+    let helm = Helm::offline();
+    let default = helm.template(&[]).await;
+    let pod = |rendered: &[Value]| {
+        find(rendered, "Deployment", "leasehold-controller").expect("the Deployment")["spec"]["template"]["spec"]
+            .clone()
+    };
+    assert!(pod(&default).get("hostNetwork").is_none(), "pod network by default");
+
+    let rendered =
+        helm.template(&["hostNetwork=true", "podAntiAffinity=hard", "ports.webhook=10263", "ports.admin=10254"]).await;
+    let spec = pod(&rendered);
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet", "cluster DNS from the node's network");
+    let args = args(&rendered);
+    assert!(args.iter().any(|a| a == "--webhook-addr=0.0.0.0:10263"), "{args:?}");
+    assert!(args.iter().any(|a| a == "--admin-addr=0.0.0.0:10254"), "{args:?}");
+    let service = find(&rendered, "Service", "leasehold-webhook").expect("the webhook Service");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "webhook", "the Service follows the named port");
+    assert_eq!(container(&rendered)["ports"][1]["containerPort"], 10263);
+
+    let refused = helm
+        .run(&["template", "x", super::helm::chart_dir().to_str().expect("utf-8"), "--set", "hostNetwork=true"])
+        .await;
+    assert!(
+        refused.is_err_and(|e| e.contains("podAntiAffinity: hard")),
+        "two host-network replicas that may share a node are refused"
+    );
+    // One replica needs no spreading.
+    helm.template(&["hostNetwork=true", "replicaCount=1", "controller.leaderElection.enabled=false"]).await;
+}
+
+#[tokio::test]
+async fn the_chart_installs_from_kubernetes_1_30_and_refuses_older_releases() {
+    let helm = Helm::offline();
+    let chart = super::helm::chart_dir();
+    let chart = chart.to_str().expect("utf-8");
+    helm.must(&["template", "x", chart, "--kube-version", "v1.30.0"]).await;
+    let refused = helm.run(&["template", "x", chart, "--kube-version", "v1.29.15"]).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains(">=1.30.0-0") && e.contains("v1.29.15")),
+        "Kubernetes 1.29 lacks ValidatingAdmissionPolicy v1: {refused:?}"
+    );
 }

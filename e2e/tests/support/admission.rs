@@ -14,6 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
+use leasehold::crd::{LockClaim, LockClaimSpec};
 use serde_json::{Value, json};
 
 use super::{Env, LeaseholdProcess, free_port};
@@ -62,7 +63,7 @@ impl Env {
         WebhookController { process, addr, cert, key }
     }
 
-    /// Registers the three webhooks at `addr` for this namespace only.
+    /// Registers the webhooks at `addr` for this namespace only.
     pub async fn register_webhooks(&self, addr: SocketAddr) {
         let ca = base64::engine::general_purpose::STANDARD.encode(self.cp.ca_pem());
         let scope = json!({"matchLabels": {"kubernetes.io/metadata.name": self.name()}});
@@ -91,6 +92,9 @@ impl Env {
                 hook("force-release", "/mutate/distributedlocks",
                     json!([{"apiGroups": ["leasehold.dev"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["distributedlocks"]}]),
                     json!({})),
+                hook("force-release-requests", "/mutate/forcereleaserequests",
+                    json!([{"apiGroups": ["leasehold.dev"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["forcereleaserequests"]}]),
+                    json!({})),
             ],
         });
         let validating = json!({
@@ -98,7 +102,7 @@ impl Env {
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": name},
             "webhooks": [hook("fenced", "/validate/fenced",
-                json!([{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["*"]}]),
+                json!([{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["*"]}]),
                 json!({"matchExpressions": [{"key": "leasehold.dev/fenced-by", "operator": "Exists"}]}))],
         });
         let params = PatchParams::apply("leasehold-e2e").force();
@@ -119,21 +123,28 @@ impl Env {
         .await;
     }
 
-    /// Applies the Lease guard exempting `controller_user`, bound to this namespace only,
-    /// and waits until it denies.
+    /// Applies the guard (both policies) exempting `controller_user`, bound to this
+    /// namespace only, and waits until it denies.
     pub async fn apply_lease_guard(&self, controller_user: &str) {
-        let name = format!("{}-{}", leasehold::webhook::guard::POLICY_NAME, self.name());
-        let mut policy = leasehold::webhook::guard::policy(controller_user);
-        policy["metadata"]["name"] = json!(name);
-        let labels = json!({"kubernetes.io/metadata.name": self.name()});
-        let mut binding = leasehold::webhook::guard::binding(labels.as_object());
-        binding["metadata"]["name"] = json!(name);
-        binding["spec"]["policyName"] = json!(name);
+        let cleanup = leasehold::webhook::guard::CLEANUP_USERS;
+        self.apply_guard(leasehold::webhook::guard::Exempt { controller: controller_user, cleanup: &cleanup }).await;
+    }
+
+    /// Applies the guard with the given exemptions, bound to this namespace only, and
+    /// waits until it denies.
+    pub async fn apply_guard(&self, exempt: leasehold::webhook::guard::Exempt<'_>) {
         let params = PatchParams::apply("leasehold-e2e").force();
-        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.ns.client.clone());
-        policies.patch(&name, &params, &Patch::Apply(&policy)).await.expect("apply the policy");
-        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.ns.client.clone());
-        bindings.patch(&name, &params, &Patch::Apply(&binding)).await.expect("apply the binding");
+        let labels = json!({"kubernetes.io/metadata.name": self.name()});
+        for mut policy in leasehold::webhook::guard::policies_exempting(exempt) {
+            let name = format!("{}-{}", policy["metadata"]["name"].as_str().expect("a name"), self.name());
+            policy["metadata"]["name"] = json!(name);
+            let mut binding = leasehold::webhook::guard::binding(&name, labels.as_object());
+            binding["metadata"]["name"] = json!(name);
+            let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.ns.client.clone());
+            policies.patch(&name, &params, &Patch::Apply(&policy)).await.expect("apply the policy");
+            let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.ns.client.clone());
+            bindings.patch(&name, &params, &Patch::Apply(&binding)).await.expect("apply the binding");
+        }
         // Wait until the policy denies: a dry-run lock Lease created by the admin.
         let leases: Api<DynamicObject> = Api::namespaced_with(
             self.ns.client.clone(),
@@ -148,6 +159,25 @@ impl Env {
         leasehold_harness::eventually("the Lease guard denies", Duration::from_secs(30), || async {
             match leases.create(&PostParams { dry_run: true, field_manager: None }, &probe).await {
                 Err(kube::Error::Api(s)) if s.message.contains("only the Leasehold controller") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        // And the claim guard: the admin's claim must be named `<lock>.u-<suffix>`.
+        let claims: Api<LockClaim> = Api::namespaced(self.ns.client.clone(), self.name());
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+        let spec = LockClaimSpec {
+            lock: "probe".into(),
+            claimant: "probe".into(),
+            pod: None,
+            request_time: now.clone(),
+            renew_time: now,
+            ttl_seconds: 30,
+        };
+        let claim = LockClaim::new("probe.x", spec);
+        leasehold_harness::eventually("the claim guard denies", Duration::from_secs(30), || async {
+            match claims.create(&PostParams { dry_run: true, field_manager: None }, &claim).await {
+                Err(kube::Error::Api(s)) if s.message.contains("must be named") => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         })

@@ -18,7 +18,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use leasehold::claim::edit;
-use leasehold::crd::{DistributedLock, DistributedLockSpec};
+use leasehold::crd::{DistributedLock, DistributedLockSpec, LockClaim};
 use leasehold_harness::{ControlPlane, TestNamespace, eventually};
 
 use super::watch::GrantLog;
@@ -58,6 +58,11 @@ impl Stage<'_> {
         Api::namespaced(self.ns.client.clone(), &self.ns.name)
     }
 
+    /// LockClaims of the namespace (admin).
+    pub fn claims(&self) -> Api<LockClaim> {
+        Api::namespaced(self.ns.client.clone(), &self.ns.name)
+    }
+
     /// A "pod": a ServiceAccount, a Pod object, and a client holding a token bound to it.
     pub async fn pod(&self, name: &str) -> TestPod {
         let sa = format!("sa-{name}");
@@ -85,8 +90,18 @@ impl Stage<'_> {
     /// Starts a sidecar process for `pod` (its Pod-bound token, downward-API identity),
     /// with `extra` arguments, and waits until it is healthy.
     pub async fn sidecar(&self, pod: &TestPod, extra: &[&str]) -> Sidecar {
+        self.sidecar_via(pod, None, extra).await
+    }
+
+    /// [`Self::sidecar`], reaching the apiserver at `server` (a fault proxy's
+    /// `https://addr`) when given.
+    pub async fn sidecar_via(&self, pod: &TestPod, server: Option<&str>, extra: &[&str]) -> Sidecar {
         let kubeconfig = self.log_dir().join(format!("kubeconfig-{}", pod.name));
-        self.ns.kubeconfig_for_token(&pod.token, &kubeconfig).expect("write the pod's kubeconfig");
+        match server {
+            Some(server) => self.ns.kubeconfig_for_token_via(&pod.token, server, &kubeconfig),
+            None => self.ns.kubeconfig_for_token(&pod.token, &kubeconfig),
+        }
+        .expect("write the pod's kubeconfig");
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut command = Command::new(leasehold_bin());
@@ -110,16 +125,30 @@ impl Stage<'_> {
         Sidecar { process, api }
     }
 
-    /// Whether `pod` may create Leases in this namespace (a SelfSubjectAccessReview).
+    /// Whether `pod` may claim in this namespace: create LockClaims (a SelfSubjectAccessReview).
     pub async fn may_claim(&self, pod: &TestPod) -> Result<bool, String> {
+        self.allowed(pod, "create", "leasehold.dev", "lockclaims", None).await
+    }
+
+    /// Whether `pod` may `verb` `resource` (of API group `group`, named `name` if given) in
+    /// this namespace: a SelfSubjectAccessReview.
+    pub async fn allowed(
+        &self,
+        pod: &TestPod,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        name: Option<&str>,
+    ) -> Result<bool, String> {
         let reviews: Api<SelfSubjectAccessReview> = Api::all(pod.client.clone());
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
                     namespace: Some(self.name().to_owned()),
-                    verb: Some("create".into()),
-                    group: Some("coordination.k8s.io".into()),
-                    resource: Some("leases".into()),
+                    verb: Some(verb.into()),
+                    group: Some(group.into()),
+                    resource: Some(resource.into()),
+                    name: name.map(str::to_owned),
                     ..ResourceAttributes::default()
                 }),
                 ..SelfSubjectAccessReviewSpec::default()
@@ -165,7 +194,7 @@ pub async fn lifecycle(stage: &Stage<'_>, patience: Duration) -> Result<Report, 
     let hold_a = a.claimant(&ns).acquire(LOCK, patience).await.map_err(|e| format!("a acquires the free lock: {e}"))?;
     let claimant_b = b.claimant(&ns);
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(120)).await });
-    wait_for(&stage.leases(), &b.identity().claim_name(LOCK), patience, "b's claim", |_| true).await?;
+    wait_for(&stage.claims(), &b.identity().claim_name(LOCK), patience, "b's claim", |_| true).await?;
     let claimant_c = c.claimant(&ns);
     let waiting_c = tokio::spawn(async move { claimant_c.acquire(LOCK, Duration::from_secs(120)).await });
 
@@ -196,8 +225,9 @@ pub async fn lifecycle(stage: &Stage<'_>, patience: Duration) -> Result<Report, 
     // A holder that confirms once and then stops renewing expires after the lease
     // duration, and not before; its successor gets a higher token.
     let leases_a: Api<Lease> = Api::namespaced(a.client.clone(), &ns);
-    let claim = edit::claim_lease(LOCK, &a.identity(), 45, Timestamp::now());
-    leases_a.create(&PostParams::default(), &claim).await.map_err(|e| format!("a's manual claim: {e}"))?;
+    let claims_a: Api<LockClaim> = Api::namespaced(a.client.clone(), &ns);
+    let claim = edit::lock_claim(LOCK, &a.identity(), 45, Timestamp::now());
+    claims_a.create(&PostParams::default(), &claim).await.map_err(|e| format!("a's manual claim: {e}"))?;
     let identity = a.identity();
     let granted = wait_for(&leases_a, LOCK, patience, "the grant to a's manual claim", |l: &Lease| {
         edit::granted_token(l, &identity).is_some()

@@ -6,6 +6,8 @@
 
 pub mod admission;
 pub mod lifecycle;
+pub mod locks;
+pub mod owner;
 pub mod watch;
 
 use std::net::{SocketAddr, TcpListener};
@@ -19,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, CustomResourceExt, ResourceExt};
 use leasehold::claim::Claimant;
-use leasehold::crd::{DistributedLock, DistributedLockSpec};
+use leasehold::crd::{DistributedLock, DistributedLockSpec, ForceReleaseRequest, LockClaim};
 use leasehold::lease::Identity;
 use leasehold_harness::{ControlPlane, Supervised, TestNamespace, eventually, shared};
 
@@ -34,16 +36,23 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
-/// Installs the DistributedLock CRD (idempotent) and waits until it is established.
+/// Installs the DistributedLock, LockClaim and ForceReleaseRequest CRDs (idempotent) and
+/// waits until they are established.
 pub async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = DistributedLock::crd();
-    let name = crd.name_any();
-    crds.patch(&name, &PatchParams::apply("leasehold-e2e").force(), &Patch::Apply(&crd)).await.expect("apply the CRD");
-    tokio::time::timeout(Duration::from_secs(30), await_condition(crds, &name, conditions::is_crd_established()))
+    for crd in [DistributedLock::crd(), LockClaim::crd(), ForceReleaseRequest::crd()] {
+        let name = crd.name_any();
+        crds.patch(&name, &PatchParams::apply("leasehold-e2e").force(), &Patch::Apply(&crd))
+            .await
+            .expect("apply the CRD");
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            await_condition(crds.clone(), &name, conditions::is_crd_established()),
+        )
         .await
         .expect("CRD established within 30s")
         .expect("watch the CRD");
+    }
 }
 
 /// A test's world: the shared control plane, a fresh namespace with the CRD installed.
@@ -78,6 +87,11 @@ impl Env {
         Api::namespaced(self.ns.client.clone(), &self.ns.name)
     }
 
+    /// LockClaims of the namespace.
+    pub fn claims(&self) -> Api<LockClaim> {
+        Api::namespaced(self.ns.client.clone(), &self.ns.name)
+    }
+
     /// Creates a lock with the given spec.
     pub async fn lock(&self, name: &str, spec: DistributedLockSpec) -> DistributedLock {
         self.locks().create(&PostParams::default(), &DistributedLock::new(name, spec)).await.expect("create the lock")
@@ -109,7 +123,7 @@ impl Env {
         self.stage().pod(name).await
     }
 
-    /// Waits until `pod` may create Leases here (the controller prepares claimant RBAC
+    /// Waits until `pod` may create LockClaims here (the controller prepares claimant RBAC
     /// once the namespace has a lock).
     pub async fn wait_claim_rbac(&self, pod: &TestPod) {
         let stage = self.stage();
@@ -119,10 +133,29 @@ impl Env {
         .await;
     }
 
+    /// Waits until `pod` may `verb` `resource` (of `group`, named `name` if given) here.
+    pub async fn wait_allowed(&self, pod: &TestPod, verb: &str, group: &str, resource: &str, name: Option<&str>) {
+        let stage = self.stage();
+        let what = format!("{} allowed to {verb} {resource} {}", pod.name, name.unwrap_or(""));
+        eventually(&what, Duration::from_secs(30), || async {
+            if stage.allowed(pod, verb, group, resource, name).await? {
+                Ok(())
+            } else {
+                Err("not allowed yet".to_owned())
+            }
+        })
+        .await;
+    }
+
     /// Starts a sidecar process for `pod`, with its Pod-bound token and downward-API
     /// identity; waits until it is healthy.
     pub async fn sidecar(&self, pod: &TestPod, extra: &[&str]) -> Sidecar {
         self.stage().sidecar(pod, extra).await
+    }
+
+    /// [`Env::sidecar`], reaching the apiserver at `server` (a fault proxy) when given.
+    pub async fn sidecar_via(&self, pod: &TestPod, server: Option<&str>, extra: &[&str]) -> Sidecar {
+        self.stage().sidecar_via(pod, server, extra).await
     }
 
     /// Where process logs go.

@@ -1,0 +1,131 @@
+//! Fenced objects on the real apiserver: writes, relabelling and deletion need the current
+//! token of the lock the object is fenced by; a deleted lock fences nothing.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use leasehold::crd::{ANNOTATION_TOKEN, DistributedLock, DistributedLockSpec, LABEL_FENCED_BY};
+use serde_json::json;
+
+use super::{LOCK, WAIT, denial};
+use crate::support::Env;
+use crate::support::watch::until_gone;
+
+/// Writes ConfigMap `inventory` fenced by [`LOCK`] with `token` (server-side apply).
+pub async fn fenced_write(cms: &Api<ConfigMap>, token: Option<i64>, value: &str) -> kube::Result<ConfigMap> {
+    let mut annotations = serde_json::Map::new();
+    if let Some(t) = token {
+        annotations.insert(ANNOTATION_TOKEN.into(), json!(t.to_string()));
+    }
+    let cm = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "inventory", "labels": {"leasehold.dev/fenced-by": LOCK}, "annotations": annotations},
+        "data": {"stock": value},
+    });
+    cms.patch("inventory", &PatchParams::apply("writer").force(), &Patch::Apply(&cm)).await
+}
+
+/// Writes `labels` and `annotations` of ConfigMap `name` (a merge patch: `null` removes).
+async fn relabel(
+    cms: &Api<ConfigMap>,
+    name: &str,
+    lock: serde_json::Value,
+    token: serde_json::Value,
+) -> kube::Result<ConfigMap> {
+    let patch = json!({"metadata": {"labels": {LABEL_FENCED_BY: lock}, "annotations": {ANNOTATION_TOKEN: token}}});
+    cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await
+}
+
+#[tokio::test]
+async fn a_fenced_configmap_rejects_writes_with_an_old_token() {
+    let env = Env::new("adm-fence").await;
+    let _controller = env.webhook_controller(None, &[]).await;
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
+
+    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    let token_a = hold_a.token();
+    fenced_write(&cms, Some(token_a), "10").await.expect("a write with the current token is admitted");
+    let message = denial(fenced_write(&cms, None, "9").await);
+    assert!(message.contains("no leasehold.dev/fencing-token"), "{message}");
+
+    hold_a.release().await;
+    let hold_b = b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b acquires");
+    let token_b = hold_b.token();
+    let message = denial(fenced_write(&cms, Some(token_a), "9").await);
+    let lock = format!("{}/{LOCK}", env.name());
+    for needle in [lock.as_str(), &token_a.to_string(), &token_b.to_string()] {
+        assert!(message.contains(needle), "the rejection must name the lock and both tokens: {message}");
+    }
+    fenced_write(&cms, Some(token_b), "8").await.expect("b's write is admitted");
+    let message = denial(fenced_write(&cms, Some(token_b + 1_000_000), "7").await);
+    assert!(message.contains("higher than any token issued"), "{message}");
+    let stored = cms.get("inventory").await.expect("cm");
+    assert_eq!(stored.data.expect("data")["stock"], "8");
+    hold_b.release().await;
+}
+
+#[tokio::test]
+async fn a_fenced_object_cannot_escape_its_lock_by_relabelling_unlabelling_or_deletion() {
+    let env = Env::new("adm-fence-escape").await;
+    let _controller = env.webhook_controller(None, &[]).await;
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    env.lock("other", DistributedLockSpec::default()).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
+
+    // a writes under the lock; then b holds it, and a's token is stale.
+    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    let stale = hold_a.token();
+    fenced_write(&cms, Some(stale), "10").await.expect("a's write with the current token");
+    hold_a.release().await;
+    let hold_b = b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b acquires");
+    let current = hold_b.token();
+    // The other lock's current token, which anyone who can read it knows.
+    let other = a.claimant(env.name()).acquire("other", WAIT).await.expect("a acquires the other lock");
+    let public = other.token();
+    other.release().await;
+
+    // Removing the label, or moving the object under the other lock with that lock's
+    // token: refused by the lock it is fenced by, naming it and both tokens.
+    let lock = format!("{}/{LOCK}", env.name());
+    let message = denial(relabel(&cms, "inventory", json!(null), json!(stale.to_string())).await);
+    for needle in [lock.as_str(), &stale.to_string(), &current.to_string(), "removing the label"] {
+        assert!(message.contains(needle), "{message} lacks {needle}");
+    }
+    denial(relabel(&cms, "inventory", json!(null), json!(null)).await);
+    let message = denial(relabel(&cms, "inventory", json!("other"), json!(public.to_string())).await);
+    for needle in [lock.as_str(), &public.to_string(), &current.to_string()] {
+        assert!(message.contains(needle), "{message} lacks {needle}");
+    }
+    // Deleting it while it records the stale token: refused.
+    let message = denial(cms.delete("inventory", &DeleteParams::default()).await);
+    for needle in ["delete refused", lock.as_str(), &stale.to_string(), &current.to_string()] {
+        assert!(message.contains(needle), "{message} lacks {needle}");
+    }
+    let kept = cms.get("inventory").await.expect("still there");
+    assert_eq!(kept.labels().get(LABEL_FENCED_BY).map(String::as_str), Some(LOCK));
+    assert_eq!(kept.data.expect("data")["stock"], "10");
+
+    // The holder writes with its token, then deletes with a precondition on that write.
+    let written = fenced_write(&cms, Some(current), "8").await.expect("b's write");
+    let precondition = Preconditions { resource_version: written.resource_version(), uid: None };
+    let params = DeleteParams { preconditions: Some(precondition), ..DeleteParams::default() };
+    cms.delete("inventory", &params).await.expect("the holder deletes what it wrote last");
+    hold_b.release().await;
+
+    // An object fenced by a lock that no longer exists is fenced by nothing.
+    let hold = a.claimant(env.name()).acquire("other", WAIT).await.expect("a acquires the other lock");
+    let shelf = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shelf", "labels": {LABEL_FENCED_BY: "other"}, "annotations": {ANNOTATION_TOKEN: hold.token().to_string()}}});
+    cms.patch("shelf", &PatchParams::apply("writer"), &Patch::Apply(&shelf)).await.expect("fenced by the other lock");
+    hold.release().await;
+    let locks: kube::Api<DistributedLock> = env.locks();
+    locks.delete("other", &DeleteParams::default()).await.expect("delete the other lock");
+    until_gone(&locks, "other", WAIT, "the other lock deleted").await;
+    relabel(&cms, "shelf", json!("other"), json!("1")).await.expect("no lock, no fence");
+    cms.delete("shelf", &DeleteParams::default()).await.expect("no lock, no fence on delete either");
+}

@@ -1,0 +1,131 @@
+//! Client RBAC on the real apiserver: the `leasehold-client` Role reaches the namespace's
+//! lock Leases by name and nothing else of its Leases, follows the locks, and everything
+//! the controller creates in an app namespace is labelled as Leasehold's.
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use leasehold::controller::rbac::CLIENT_ROLE;
+use leasehold::crd::{DistributedLockSpec, MANAGED_LABELS};
+use serde_json::json;
+use std::collections::BTreeMap;
+
+use super::{LOCK, WAIT};
+use crate::support::Env;
+use crate::support::watch::until;
+
+/// The code of the apiserver's refusal of `result`; panics if it was allowed.
+fn refusal_code(result: kube::Result<impl std::fmt::Debug>) -> u16 {
+    match result {
+        Err(kube::Error::Api(status)) => status.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// The Lease names the client Role grants, if it has a Lease rule.
+fn lease_names(role: &Role) -> Option<Vec<String>> {
+    role.rules
+        .iter()
+        .flatten()
+        .find(|r| r.resources.as_ref().is_some_and(|r| r.iter().any(|r| r == "leases")))
+        .map(|r| r.resource_names.clone().unwrap_or_default())
+}
+
+#[tokio::test]
+async fn another_apps_lease_is_out_of_a_clients_reach_and_its_lock_lease_in_reach_by_name() {
+    let env = Env::new("adm-rbac-reach").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    let a = env.pod("a").await;
+    env.wait_claim_rbac(&a).await;
+    until(&env.leases(), LOCK, WAIT, "the lock Lease", |_| true).await;
+
+    // Another application's leader-election Lease in the same namespace.
+    let theirs: Lease = serde_json::from_value(json!({"metadata": {"name": "app-leader"},
+        "spec": {"holderIdentity": "app-0", "leaseDurationSeconds": 15}}))
+    .expect("a Lease");
+    let stored = env.leases().create(&PostParams::default(), &theirs).await.expect("the app's Lease");
+    let as_a: Api<Lease> = Api::namespaced(a.client.clone(), env.name());
+    assert_eq!(refusal_code(as_a.get("app-leader").await), 403, "read (for a write)");
+    let mut taken = stored.clone();
+    taken.spec.as_mut().expect("spec").holder_identity = Some(a.identity().id);
+    assert_eq!(refusal_code(as_a.replace("app-leader", &PostParams::default(), &taken).await), 403, "update");
+    assert_eq!(refusal_code(as_a.delete("app-leader", &DeleteParams::default()).await), 403, "delete");
+    let named = |name: &str| ListParams::default().fields(&format!("metadata.name={name}"));
+    assert_eq!(refusal_code(as_a.list(&named("app-leader")).await), 403, "list by name");
+    assert_eq!(refusal_code(as_a.list(&ListParams::default()).await), 403, "list all");
+    let mut squatter = theirs.clone();
+    squatter.metadata.name = Some("stock".into());
+    assert_eq!(refusal_code(as_a.create(&PostParams::default(), &squatter).await), 403, "create");
+    let untouched = env.leases().get("app-leader").await.expect("still there");
+    assert_eq!(untouched.spec.and_then(|s| s.holder_identity).as_deref(), Some("app-0"));
+
+    // The lock Lease: read, and listed and watched by name (as the claimant watches it).
+    as_a.get(LOCK).await.expect("a reads the lock Lease");
+    let listed = as_a.list(&named(LOCK)).await.expect("a lists the lock Lease by name");
+    assert_eq!(listed.items.iter().map(|l| l.name_any()).collect::<Vec<_>>(), [LOCK]);
+    let watch = WatchParams::default().fields(&format!("metadata.name={LOCK}"));
+    let mut events = as_a.watch(&watch, "0").await.expect("a watches the lock Lease by name").boxed();
+    let first = tokio::time::timeout(WAIT, events.try_next()).await.expect("an event in time").expect("a watch event");
+    assert!(matches!(first, Some(WatchEvent::Added(ref l)) if l.name_any() == LOCK), "{first:?}");
+    assert_eq!(refusal_code(as_a.watch(&WatchParams::default(), "0").await.map(|_| ())), 403, "watch all");
+}
+
+#[tokio::test]
+async fn the_client_role_names_exactly_the_lock_leases_and_follows_the_locks() {
+    let env = Env::new("adm-rbac-follow").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    let roles: Api<Role> = Api::namespaced(env.ns.client.clone(), env.name());
+    let bindings: Api<RoleBinding> = Api::namespaced(env.ns.client.clone(), env.name());
+    let names =
+        |expected: &'static [&'static str]| move |role: &Role| lease_names(role).is_some_and(|names| names == expected);
+
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    until(&roles, CLIENT_ROLE, WAIT, "the Role naming the lock Lease", names(&[LOCK])).await;
+    env.lock("stock", DistributedLockSpec::default()).await;
+    until(&roles, CLIENT_ROLE, WAIT, "the Role naming both lock Leases", names(&[LOCK, "stock"])).await;
+    env.locks().delete(LOCK, &DeleteParams::default()).await.expect("delete a lock");
+    until(&roles, CLIENT_ROLE, WAIT, "the deleted lock's Lease no longer named", names(&["stock"])).await;
+    // The last lock gone: no Lease at all (the Role stays, and its binding, for a lock
+    // re-created there).
+    env.locks().delete("stock", &DeleteParams::default()).await.expect("delete the last lock");
+    until(&roles, CLIENT_ROLE, WAIT, "no Lease rule without locks", |r: &Role| lease_names(r).is_none()).await;
+    bindings.get(CLIENT_ROLE).await.expect("the RoleBinding stays");
+}
+
+#[tokio::test]
+async fn everything_the_controller_creates_in_an_app_namespace_is_labelled_as_leaseholds() {
+    let env = Env::new("adm-rbac-labels").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    let a = env.pod("a").await;
+    env.wait_claim_rbac(&a).await;
+    let hold = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    hold.release().await;
+
+    let labelled = |labels: &BTreeMap<String, String>| {
+        MANAGED_LABELS.iter().all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+    };
+    let selector = ListParams::default().labels(&format!("{}={}", MANAGED_LABELS[0].0, MANAGED_LABELS[0].1));
+    let roles: Api<Role> = Api::namespaced(env.ns.client.clone(), env.name());
+    let bindings: Api<RoleBinding> = Api::namespaced(env.ns.client.clone(), env.name());
+    for role in roles.list(&ListParams::default()).await.expect("roles").items {
+        assert!(labelled(role.labels()), "Role {} is not labelled: {:?}", role.name_any(), role.labels());
+    }
+    for binding in bindings.list(&ListParams::default()).await.expect("bindings").items {
+        assert!(
+            labelled(binding.labels()),
+            "RoleBinding {} is not labelled: {:?}",
+            binding.name_any(),
+            binding.labels()
+        );
+    }
+    let lease = env.leases().get(LOCK).await.expect("the lock Lease");
+    assert!(labelled(lease.labels()), "the lock Lease is not labelled: {:?}", lease.labels());
+    // And the label finds them all (what an uninstall removes).
+    assert_eq!(roles.list(&selector).await.expect("roles").items.len(), 1);
+    assert_eq!(bindings.list(&selector).await.expect("bindings").items.len(), 1);
+    assert_eq!(env.leases().list(&selector).await.expect("leases").items.len(), 1);
+}

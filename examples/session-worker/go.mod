@@ -1,0 +1,3 @@
+module example.com/session-worker
+
+go 1.22

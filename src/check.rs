@@ -1,0 +1,312 @@
+//! `leasehold check`: whether an installation can work, asked of the API server the way
+//! the real requests go — the chart runs it as its `helm test`. It checks:
+//! - the Kubernetes version is one Leasehold supports ([`OLDEST_SUPPORTED`]);
+//! - both CRDs are established and serve `v1alpha1`;
+//! - the webhook configurations exist and every webhook carries a CA bundle;
+//! - the API server reaches each webhook over TLS and gets its answer: dry-run requests
+//!   (nothing is stored) that each webhook must see, in a namespace where they apply — an
+//!   opted-in Pod must come back with the sidecar, a fenced write without a lock must be
+//!   refused by the fence, a force release of a lock that is not held must be refused by
+//!   the force-release webhook. "failed calling webhook" is what an unreachable port, a
+//!   pod network the API server cannot route to, or a certificate it does not trust
+//!   produce, and the finding says which.
+//!
+//! Every finding is printed; the exit status is 1 if any failed.
+
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use crate::crd::{ANNOTATION_FORCE_RELEASE, DistributedLock, LABEL_INJECT};
+use crate::webhook::inject::SIDECAR_NAME;
+
+/// The oldest Kubernetes release Leasehold supports: ValidatingAdmissionPolicy
+/// `admissionregistration.k8s.io/v1`, which the guard needs, is GA from 1.30.
+pub const OLDEST_SUPPORTED: (u32, u32) = (1, 30);
+
+/// The CRDs an installation needs.
+const CRDS: [&str; 3] =
+    ["distributedlocks.leasehold.dev", "lockclaims.leasehold.dev", "forcereleaserequests.leasehold.dev"];
+
+/// Name of the dry-run probe objects.
+const PROBE: &str = "leasehold-check";
+
+/// `leasehold check` arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Config {
+    /// Name of the Mutating and Validating webhook configurations (the chart's fullname).
+    #[arg(long, default_value = "leasehold")]
+    pub webhook_configuration: String,
+    /// A namespace where the webhooks apply, for the dry-run probes (nothing is stored
+    /// there); not the release namespace, which the webhooks never see.
+    #[arg(long, default_value = "default")]
+    pub probe_namespace: String,
+}
+
+/// One checked fact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// What was checked.
+    pub what: String,
+    /// Whether it holds.
+    pub ok: bool,
+    /// What was found, or what is wrong and where to look.
+    pub detail: String,
+}
+
+impl Finding {
+    fn ok(what: impl Into<String>, detail: impl Into<String>) -> Finding {
+        Finding { what: what.into(), ok: true, detail: detail.into() }
+    }
+
+    fn fail(what: impl Into<String>, detail: impl Into<String>) -> Finding {
+        Finding { what: what.into(), ok: false, detail: detail.into() }
+    }
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:<4}  {}: {}", if self.ok { "ok" } else { "FAIL" }, self.what, self.detail)
+    }
+}
+
+/// The leading number of a version part: providers append suffixes ("30+" on EKS and GKE).
+fn number(part: &str) -> Option<u32> {
+    let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Judges the API server's reported version against [`OLDEST_SUPPORTED`].
+pub fn version_finding(major: &str, minor: &str, git_version: &str) -> Finding {
+    let what = "kubernetes version";
+    let (oldest_major, oldest_minor) = OLDEST_SUPPORTED;
+    match (number(major), number(minor)) {
+        (Some(major), Some(minor)) if (major, minor) >= OLDEST_SUPPORTED => {
+            Finding::ok(what, format!("{git_version} ({oldest_major}.{oldest_minor} or later is supported)"))
+        }
+        (Some(_), Some(_)) => Finding::fail(
+            what,
+            format!(
+                "{git_version} is older than {oldest_major}.{oldest_minor}, the oldest release Leasehold supports \
+                 (it needs ValidatingAdmissionPolicy admissionregistration.k8s.io/v1)"
+            ),
+        ),
+        _ => Finding::fail(what, format!("cannot read the version {major:?}.{minor:?} ({git_version})")),
+    }
+}
+
+/// The finding on webhook configuration `kind`/`name`, read as its webhooks' names and
+/// whether each has a CA bundle.
+fn configuration(kind: &str, name: &str, read: kube::Result<Option<Vec<(String, bool)>>>) -> Finding {
+    match read {
+        Ok(Some(hooks)) => match hooks.iter().filter(|(_, has)| !has).map(|(n, _)| n.as_str()).collect::<Vec<_>>() {
+            missing if missing.is_empty() => {
+                Finding::ok(format!("{kind} {name}"), format!("{} webhooks, each with a CA bundle", hooks.len()))
+            }
+            missing => Finding::fail(
+                format!("{kind} {name}"),
+                format!(
+                    "no CA bundle on {}: with cert-manager, its CA injector has not filled it in",
+                    missing.join(", ")
+                ),
+            ),
+        },
+        Ok(None) => Finding::fail(format!("{kind} {name}"), "missing"),
+        Err(e) => Finding::fail(format!("{kind} {name}"), format!("cannot read it: {e}")),
+    }
+}
+
+/// Judges the answer to a dry-run request that webhook `webhook` must see. `Ok` carries
+/// whether the answer shows the webhook's work (`expected` says what that is); `Err` the
+/// API server's refusal.
+pub fn probe_finding(webhook: &str, expected: &str, answer: Result<bool, String>) -> Finding {
+    let what = format!("webhook {webhook}");
+    match answer {
+        Ok(true) => Finding::ok(what, format!("reached by the API server: {expected}")),
+        Ok(false) => Finding::fail(
+            what,
+            format!(
+                "the request went through without it ({expected} expected): is its failurePolicy Ignore while it is unreachable, or is the namespace excluded?"
+            ),
+        ),
+        Err(message) if message.contains(&format!("failed calling webhook \"{webhook}\"")) => {
+            let lower = message.to_lowercase();
+            // The URL in the message carries `?timeout=10s`: look for the causes' own words.
+            let why = if lower.contains("connection refused") || lower.contains("no endpoints") {
+                "no controller replica serves it (is the Deployment ready?)"
+            } else if lower.contains("x509") || lower.contains("certificate") || lower.contains("tls:") {
+                "the API server does not trust the webhook's certificate: its caBundle and the serving certificate differ (rotate the Secret, or check cert-manager's CA injection)"
+            } else if ["deadline exceeded", "i/o timeout", "timed out", "client.timeout", "no route to host"]
+                .iter()
+                .any(|words| lower.contains(words))
+            {
+                "the API server cannot reach the webhook in time: a firewall or a pod network it cannot route to (see docs/platforms.md: ports.webhook, hostNetwork)"
+            } else {
+                "the API server cannot call it"
+            };
+            Finding::fail(what, format!("{why}: {message}"))
+        }
+        Err(message) if message.contains(webhook) => {
+            Finding::ok(what, format!("reached by the API server: {expected}"))
+        }
+        Err(message) => Finding::fail(what, format!("the probe was refused by something else: {message}")),
+    }
+}
+
+/// Runs every check.
+pub async fn run(config: &Config) -> anyhow::Result<Vec<Finding>> {
+    use anyhow::Context as _;
+    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
+    let mut findings = Vec::new();
+
+    findings.push(match client.apiserver_version().await {
+        Ok(info) => version_finding(&info.major, &info.minor, &info.git_version),
+        Err(e) => Finding::fail("kubernetes version", format!("cannot read /version: {e}")),
+    });
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in CRDS {
+        let what = format!("crd {name}");
+        findings.push(match crds.get_opt(name).await {
+            Ok(Some(crd)) => {
+                let established = crd
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+                let serves = crd.spec.versions.iter().any(|v| v.name == "v1alpha1" && v.served);
+                match (established, serves) {
+                    (true, true) => Finding::ok(what, "established, serving v1alpha1"),
+                    (false, _) => Finding::fail(what, "not established yet"),
+                    (true, false) => Finding::fail(what, "does not serve v1alpha1"),
+                }
+            }
+            Ok(None) => Finding::fail(what, "missing (crds.enabled=false? apply the release's CRDs first)"),
+            Err(e) => Finding::fail(what, format!("cannot read it: {e}")),
+        });
+    }
+
+    let name = &config.webhook_configuration;
+    let has_bundle = |c: &k8s_openapi::api::admissionregistration::v1::WebhookClientConfig| {
+        c.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty())
+    };
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone()).get_opt(name).await.map(|c| {
+        c.map(|c| {
+            c.webhooks.unwrap_or_default().iter().map(|w| (w.name.clone(), has_bundle(&w.client_config))).collect()
+        })
+    });
+    findings.push(configuration("mutatingwebhookconfiguration", name, mutating));
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone()).get_opt(name).await.map(|c| {
+        c.map(|c| {
+            c.webhooks.unwrap_or_default().iter().map(|w| (w.name.clone(), has_bundle(&w.client_config))).collect()
+        })
+    });
+    findings.push(configuration("validatingwebhookconfiguration", name, validating));
+
+    let namespace = &config.probe_namespace;
+    let dry_run = PostParams { dry_run: true, field_manager: Some(crate::crd::MANAGER_CLI.into()) };
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": PROBE, "labels": {LABEL_INJECT: "true"}},
+        "spec": {"containers": [{"name": "probe", "image": "leasehold-check.invalid/probe:1"}]},
+    }))?;
+    let answer = Api::<Pod>::namespaced(client.clone(), namespace)
+        .create(&dry_run, &pod)
+        .await
+        .map(|p| {
+            let spec = p.spec.unwrap_or_default();
+            spec.init_containers.iter().flatten().chain(spec.containers.iter()).any(|c| c.name == SIDECAR_NAME)
+        })
+        .map_err(|e| e.to_string());
+    findings.push(probe_finding("inject.leasehold.dev", "an opted-in Pod gets the sidecar", answer));
+
+    let fenced: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": PROBE, "labels": {"leasehold.dev/fenced-by": PROBE},
+            "annotations": {"leasehold.dev/fencing-token": "1"}},
+    }))?;
+    let answer = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .create(&dry_run, &fenced)
+        .await
+        .map(|_| false)
+        .map_err(|e| e.to_string());
+    findings.push(probe_finding("fenced.leasehold.dev", "a fenced write without its lock is refused", answer));
+
+    let mut lock = DistributedLock::new(PROBE, Default::default());
+    lock.metadata.annotations = Some([(ANNOTATION_FORCE_RELEASE.to_owned(), "leasehold check".to_owned())].into());
+    let answer = Api::<DistributedLock>::namespaced(client.clone(), namespace)
+        .create(&dry_run, &lock)
+        .await
+        .map(|l| l.metadata.annotations.is_some_and(|a| a.contains_key(crate::crd::ANNOTATION_FORCE_RELEASE_BY)))
+        .map_err(|e| e.to_string());
+    findings.push(probe_finding("force-release.leasehold.dev", "a force release is stamped or refused", answer));
+
+    let request: crate::crd::ForceReleaseRequest = serde_json::from_value(json!({
+        "metadata": {"name": PROBE},
+        "spec": {"lock": PROBE, "reason": "leasehold check"},
+    }))?;
+    let answer = Api::<crate::crd::ForceReleaseRequest>::namespaced(client, namespace)
+        .create(&dry_run, &request)
+        .await
+        .map(|r| r.spec.requester.is_some())
+        .map_err(|e| e.to_string());
+    let expected = "a force-release request is stamped with its requester or refused";
+    findings.push(probe_finding("force-release-requests.leasehold.dev", expected, answer));
+    Ok(findings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_table() {
+        for (major, minor, ok) in [
+            ("1", "30", true),
+            ("1", "36", true),
+            ("1", "30+", true),
+            ("2", "0", true),
+            ("1", "29", false),
+            ("1", "29+", false),
+            ("1", "", false),
+            ("x", "30", false),
+        ] {
+            let finding = version_finding(major, minor, "vX");
+            assert_eq!(finding.ok, ok, "{major}.{minor}: {finding}");
+        }
+        assert!(version_finding("1", "29", "v1.29.15").detail.contains("older than 1.30"));
+    }
+
+    #[test]
+    fn probe_table() {
+        let webhook = "inject.leasehold.dev";
+        let call = |e: &str| Err(format!("Internal error occurred: failed calling webhook \"{webhook}\": {e}"));
+        let post = "failed to call webhook: Post \"https://leasehold-webhook.leasehold-system.svc:443/mutate/pods?timeout=10s\"";
+        let cases: [(Result<bool, String>, bool, &str); 9] = [
+            (Ok(true), true, "reached"),
+            (Ok(false), false, "went through without it"),
+            (
+                call(&format!(
+                    "{post}: tls: failed to verify certificate: x509: certificate signed by unknown authority"
+                )),
+                false,
+                "does not trust",
+            ),
+            (call(&format!("{post}: context deadline exceeded")), false, "docs/platforms.md"),
+            (call(&format!("{post}: dial tcp 10.0.0.7:9443: i/o timeout")), false, "docs/platforms.md"),
+            (
+                call(&format!("{post}: dial tcp 127.0.0.1:9443: connect: connection refused")),
+                false,
+                "no controller replica",
+            ),
+            (call("no endpoints available for service \"leasehold-webhook\""), false, "no controller replica"),
+            (Err(format!("admission webhook \"{webhook}\" denied the request: no")), true, "reached"),
+            (Err("pods \"leasehold-check\" is forbidden: User cannot create".into()), false, "something else"),
+        ];
+        for (answer, ok, says) in cases {
+            let finding = probe_finding(webhook, "the sidecar", answer.clone());
+            assert_eq!(finding.ok, ok, "{answer:?}: {finding}");
+            assert!(finding.detail.contains(says), "{answer:?}: {finding}");
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! The wait queue as the controller reads it from its LockClaim cache, and the claim
+//! deletions it makes (always with a precondition: a claim re-created meanwhile is a new
+//! claim, never deleted on an old judgement).
+
+use kube::ResourceExt;
+use tracing::warn;
+
+use super::context::{Context, LockKey};
+use super::view::{self, Claim};
+use crate::crd::LockClaim;
+use crate::lease::{CasStore, Precondition, Timing};
+
+/// The well-formed claims on lock `key`, in grant order, their TTLs capped at
+/// [`Timing::claim_ttl`] of the lock's timing.
+pub fn of_lock(ctx: &Context, key: &LockKey, timing: &Timing) -> Vec<Claim> {
+    let cap = timing.claim_ttl();
+    let mut claims: Vec<Claim> = ctx
+        .claims
+        .state()
+        .iter()
+        .filter(|c| c.namespace().as_deref() == Some(key.0.as_str()))
+        .filter_map(|c| view::claim(c, &key.1, cap))
+        .collect();
+    super::queue::order(&mut claims);
+    claims
+}
+
+/// Deletes claims judged stale, each only if unchanged since it was judged.
+pub async fn delete_stale(store: &CasStore<LockClaim>, key: &LockKey, stale: &[&Claim]) {
+    for claim in stale {
+        if let Err(e) = store.delete_if(&claim.name, Precondition::ResourceVersion(&claim.resource_version)).await {
+            warn!(namespace = %key.0, lock = %key.1, claim = %claim.name, error = %e, "failed to delete stale claim");
+        }
+    }
+}
+
+/// Deletes the claim of a holder whose hold was revoked (the claimant claims again, at the
+/// back, if it still wants the lock): the one it had when revoked, if it is still cached.
+pub async fn delete_revoked(store: &CasStore<LockClaim>, key: &LockKey, claim: Option<&Claim>) {
+    let Some(claim) = claim else { return };
+    if let Err(e) = store.delete_if(&claim.name, Precondition::Uid(&claim.uid)).await {
+        warn!(namespace = %key.0, lock = %key.1, claim = %claim.name, error = %e, "failed to delete the revoked holder's claim");
+    }
+}

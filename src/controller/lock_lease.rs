@@ -1,0 +1,100 @@
+//! Reading and writing a lock's Lease: the cache, our own last write while the cache lags
+//! behind it, or the apiserver — and every write a compare-and-swap remembered.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use super::context::{Context, LockKey};
+use super::error::Error;
+use crate::lease::LeaseStore;
+
+/// Which Lease to decide from, given the cached one and our remembered last write
+/// (with the resourceVersion it replaced): our write while the cache still shows exactly
+/// the version it replaced; else the cache. `None`: read the apiserver — the cache has
+/// none, and an empty cache is never answered from memory (the Lease may have been deleted
+/// since our write, and must then be re-created).
+pub fn choose(cached: Option<Lease>, written: Option<(Option<String>, Lease)>) -> Option<Lease> {
+    let cached = cached?;
+    match written {
+        Some((replaced, ours)) if replaced.is_some() && cached.resource_version() == replaced => Some(ours),
+        _ => Some(cached),
+    }
+}
+
+/// The lock Lease as best known (see [`choose`]); a direct read when `fresh` is asked.
+pub async fn current(
+    ctx: &Context,
+    uid: &str,
+    key: &LockKey,
+    store: &LeaseStore,
+    fresh: bool,
+) -> Result<Option<Lease>, Error> {
+    if fresh {
+        return Ok(store.get(&key.1).await?);
+    }
+    let cached = ctx.leases.get(&ObjectRef::new(&key.1).within(&key.0)).map(|l| (*l).clone());
+    let written = ctx.with_memory(key, uid, |m| m.written.clone());
+    match choose(cached, written) {
+        Some(lease) => Ok(Some(lease)),
+        None => Ok(store.get(&key.1).await?),
+    }
+}
+
+/// Writes `desired` over `current` by CAS (or creates it) and remembers the result.
+pub async fn write(
+    ctx: &Context,
+    key: &LockKey,
+    uid: &str,
+    store: &LeaseStore,
+    current: Option<&Lease>,
+    desired: &Lease,
+) -> Result<Lease, Error> {
+    let written = match current {
+        None => store.create(desired).await?,
+        Some(_) => store.replace(desired).await?,
+    };
+    let replaced = current.and_then(|c| c.resource_version());
+    ctx.with_memory(key, uid, |m| {
+        m.written = Some((replaced, written.clone()));
+        m.seen = Some(written.clone());
+    });
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn at(rv: &str, holder: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta { resource_version: Some(rv.into()), ..ObjectMeta::default() },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(holder.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn holder(lease: Option<Lease>) -> Option<String> {
+        lease.and_then(|l| l.spec).and_then(|s| s.holder_identity)
+    }
+
+    #[test]
+    fn choose_table() {
+        let ours = |replaced: Option<&str>| Some((replaced.map(str::to_owned), at("6", "ours")));
+        // The cache still shows what our write replaced: our write.
+        assert_eq!(holder(choose(Some(at("5", "cache")), ours(Some("5")))), Some("ours".into()));
+        // The cache moved on (our write, or a later one): the cache.
+        assert_eq!(holder(choose(Some(at("7", "cache")), ours(Some("5")))), Some("cache".into()));
+        assert_eq!(holder(choose(Some(at("5", "cache")), None)), Some("cache".into()));
+        // We created it and the cache shows another: the cache.
+        assert_eq!(holder(choose(Some(at("9", "cache")), ours(None))), Some("cache".into()));
+        // An empty cache is never answered from memory, whatever we wrote last: deleted
+        // twice with no write of ours in between, the Lease must still be re-created.
+        assert_eq!(holder(choose(None, ours(None))), None);
+        assert_eq!(holder(choose(None, ours(Some("5")))), None);
+        assert_eq!(holder(choose(None, None)), None);
+    }
+}

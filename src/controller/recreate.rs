@@ -1,0 +1,156 @@
+//! A lock Lease deleted under a hold (by an administrator, or by anything else allowed to
+//! delete it) is re-created *draining* that hold, never free: its holder may still be
+//! acting inside the time it was told it had, so the next grant waits for the holder's
+//! acknowledgement or for the hold's lease duration, exactly as for any other revocation
+//! of a holder that may be alive.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+
+use super::build;
+use crate::crd::{DistributedLock, HolderStatus};
+use crate::lease::{GrantedTiming, granted};
+
+/// The revocation reason recorded on a Lease re-created under a hold.
+pub const REASON: &str = "LeaseDeleted";
+
+/// The hold a deleted lock Lease carried, as best known.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Orphan {
+    /// The holder's identity.
+    pub identity: String,
+    /// The token it was granted.
+    pub token: i64,
+    /// The longest lease duration it may have been granted under.
+    pub lease_duration: Duration,
+}
+
+/// The hold the deleted Lease carried: the one on the Lease as we last decided from it
+/// in this leadership term (`seen`), or — if we had not looked at it yet — the one status
+/// records. `None` when it carried none. A holder that released after status was written
+/// makes the next grant wait for one lease duration: a cost, never a second holder.
+pub fn orphan(seen: Option<&Lease>, status: Option<&HolderStatus>, spec: &GrantedTiming) -> Option<Orphan> {
+    let mut found = match seen {
+        Some(lease) => {
+            let identity = crate::claim::edit::holder(lease)?.to_owned();
+            let token = match crate::claim::edit::draining(lease) {
+                Some(revoked) => revoked?,
+                None => crate::lease::token::of_lease(lease)?,
+            };
+            Orphan { identity, token, lease_duration: granted::of_lease(lease, spec).timing.lease_duration }
+        }
+        None => {
+            let h = status?;
+            let granted_for = match (&h.renewed_at, &h.expires_at) {
+                (Some(renewed), Some(expires)) => Duration::try_from(expires.0.duration_since(renewed.0)).ok(),
+                _ => None,
+            };
+            Orphan {
+                identity: h.identity.clone(),
+                token: h.fencing_token,
+                lease_duration: granted_for.unwrap_or_default(),
+            }
+        }
+    };
+    found.lease_duration = found.lease_duration.max(spec.timing.lease_duration);
+    Some(found)
+}
+
+/// The lock Lease re-created draining `orphan`: the holder still named, the token raised
+/// to `raise_to` (the orphan's token is stale at once), the drain timed by the orphan's
+/// lease duration.
+pub fn recreated(lock: &DistributedLock, raise_to: i64, orphan: &Orphan, spec: &GrantedTiming) -> Lease {
+    let mut lease = build::new_lock_lease(lock, raise_to);
+    let mut terms = *spec;
+    terms.timing.lease_duration = orphan.lease_duration;
+    granted::record(&mut lease, &terms);
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = Some(orphan.identity.clone());
+    }
+    build::draining(&lease, raise_to, REASON, Some(orphan.token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::view::{self, LeaseDrain, LeaseState};
+    use crate::crd::DistributedLockSpec;
+    use crate::lease::Identity;
+    use jiff::Timestamp;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn lock() -> DistributedLock {
+        let mut lock = DistributedLock::new("db", DistributedLockSpec::default());
+        lock.metadata.namespace = Some("ns".into());
+        lock.metadata.uid = Some("uid-1".into());
+        lock
+    }
+
+    fn held_by(holder: &str, token: i64, lease_seconds: i32) -> Lease {
+        let mut lease = build::new_lock_lease(&lock(), token);
+        let spec = lease.spec.as_mut().unwrap();
+        spec.holder_identity = Some(holder.into());
+        spec.lease_duration_seconds = Some(lease_seconds);
+        lease
+    }
+
+    fn status(holder: &str, token: i64, lease_seconds: i64) -> HolderStatus {
+        let renewed = Timestamp::from_second(1_000).unwrap();
+        HolderStatus {
+            identity: holder.into(),
+            pod: None,
+            fencing_token: token,
+            acquired_at: Time(renewed),
+            renewed_at: Some(Time(renewed)),
+            expires_at: Some(Time(Timestamp::from_second(1_000 + lease_seconds).unwrap())),
+            waited_seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn the_orphaned_hold_is_the_newest_known() {
+        let spec = GrantedTiming::of_spec(&DistributedLockSpec { lease_duration_seconds: 5, ..Default::default() });
+        let secs = Duration::from_secs;
+        let orphan_of = |id: &str, token, s| Some(Orphan { identity: id.into(), token, lease_duration: secs(s) });
+        let drained = build::draining(&held_by("a_1", 7, 9), 8, "Forced", Some(7));
+        let free = build::new_lock_lease(&lock(), 7);
+        type Row = (&'static str, Option<Lease>, Option<HolderStatus>, Option<Orphan>);
+        let table: Vec<Row> = vec![
+            ("nothing known", None, None, None),
+            ("the Lease as seen names a holder", Some(held_by("a_1", 7, 9)), None, orphan_of("a_1", 7, 9)),
+            ("not seen in this term: status", None, Some(status("b_2", 6, 12)), orphan_of("b_2", 6, 12)),
+            ("seen, status ignored", Some(held_by("a_1", 7, 9)), Some(status("b_2", 6, 12)), orphan_of("a_1", 7, 9)),
+            ("seen free after status was written", Some(free), Some(status("b_2", 6, 12)), None),
+            ("a drain still unacknowledged", Some(drained), None, orphan_of("a_1", 7, 9)),
+            ("never shorter than the spec", Some(held_by("a_1", 7, 2)), None, orphan_of("a_1", 7, 5)),
+            (
+                "status without timing: the spec's",
+                None,
+                Some(HolderStatus { expires_at: None, ..status("b_2", 6, 1) }),
+                orphan_of("b_2", 6, 5),
+            ),
+        ];
+        for (name, written, status, want) in table {
+            assert_eq!(orphan(written.as_ref(), status.as_ref(), &spec), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_recreated_lease_drains_the_orphan_under_a_raised_token() {
+        let spec = GrantedTiming::of_spec(&DistributedLockSpec { lease_duration_seconds: 5, ..Default::default() });
+        let orphan = Orphan { identity: "pod-a_uid-a".into(), token: 7, lease_duration: Duration::from_secs(9) };
+        let lease = recreated(&lock(), 8, &orphan, &spec);
+        assert_eq!(crate::lease::token::of_lease(&lease), Some(8), "the old token is stale at once");
+        assert_eq!(
+            view::lease_state(&lease),
+            LeaseState::Draining(LeaseDrain {
+                holder: Some(Identity::parse("pod-a_uid-a")),
+                revoked: Some(7),
+                reason: Some(REASON.into()),
+            })
+        );
+        assert_eq!(granted::of_lease(&lease, &spec).timing.lease_duration, Duration::from_secs(9));
+        assert!(view::lease_hold(&lease).is_none(), "a re-created Lease grants nothing");
+    }
+}

@@ -1,0 +1,151 @@
+//! The lock Lease policy. A lock Lease is the grant itself: whoever could write it freely
+//! could hand the lock to anyone, revive a revoked hold or wedge the lock. So, except for
+//! the controller:
+//! - nobody creates or deletes a lock Lease (deleting one would end the hold under its
+//!   holder's feet and, re-created by someone else first, wedge the lock);
+//! - nobody writes a free lock Lease (only the controller grants);
+//! - only the holder writes a held one, and only to renew (`renewTime` alone changes,
+//!   refused while `leasehold.dev/draining` says the hold was revoked) or to release or
+//!   acknowledge a revocation (`holderIdentity` cleared, nothing else);
+//! - labels, annotations (token, claim, timing, draining), owner references, finalizers,
+//!   `acquireTime`, `leaseDurationSeconds`, `leaseTransitions`, `preferredHolder` and
+//!   `strategy` never change.
+//!
+//! The policy selects Leases labelled `leasehold.dev/role: lock` on the old or the new
+//! object (the apiserver matches an object selector against both), so removing the label
+//! is no way around it. A Lease without the label is not a lock Lease, and nothing in
+//! Leasehold treats it as one.
+
+use serde_json::{Value, json};
+
+use super::{is_requester, same_meta, same_spec};
+use crate::crd::{ANNOTATION_DRAINING as DRAINING, LABEL_ROLE, ROLE_LOCK};
+
+/// Name of the policy and of its binding.
+pub const POLICY_NAME: &str = "leasehold-lease-guard";
+
+fn variables() -> Vec<Value> {
+    vec![
+        json!({"name": "oldHolder", "expression": "oldObject != null && has(oldObject.spec) && has(oldObject.spec.holderIdentity) ? oldObject.spec.holderIdentity : ''"}),
+        json!({"name": "newHolder", "expression": "object != null && has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''"}),
+        json!({"name": "holderWrites", "expression": format!("request.operation == 'UPDATE' && variables.oldHolder != '' && {}", is_requester("variables.oldHolder"))}),
+        json!({"name": "draining", "expression": format!("oldObject != null && has(oldObject.metadata.annotations) && '{DRAINING}' in oldObject.metadata.annotations")}),
+    ]
+}
+
+fn validations() -> Value {
+    let update = "request.operation != 'UPDATE'";
+    let frozen_meta = ["labels", "annotations", "ownerReferences", "finalizers"].map(same_meta).join(" && ");
+    let frozen_spec = ["acquireTime", "leaseDurationSeconds", "leaseTransitions", "preferredHolder", "strategy"]
+        .map(same_spec)
+        .join(" && ");
+    let same_renew_time = same_spec("renewTime");
+    json!([
+        {
+            "expression": "request.operation != 'CREATE'",
+            "messageExpression": "'only the Leasehold controller creates lock Leases (leasehold.dev/role: lock): ' + variables.requester + ' may not create ' + object.metadata.name",
+            "message": "only the Leasehold controller creates lock Leases (leasehold.dev/role: lock)",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "request.operation != 'DELETE'",
+            "messageExpression": "'only the Leasehold controller deletes lock Lease ' + request.name + ' (it does when its DistributedLock is deleted): ' + variables.requester + ' may not'",
+            "message": "only the Leasehold controller deletes lock Leases (it does when their DistributedLock is deleted)",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!("{update} || ({frozen_meta})"),
+            "messageExpression": "'the labels, annotations (token, claim, timing, draining), owner references and finalizers of lock Lease ' + request.name + ' are written only by the Leasehold controller'",
+            "message": "the labels, annotations, owner references and finalizers of a lock Lease are written only by the Leasehold controller",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!("{update} || ({frozen_spec})"),
+            "messageExpression": "'acquireTime, leaseDurationSeconds, leaseTransitions, preferredHolder and strategy of lock Lease ' + request.name + ' are written only by the Leasehold controller'",
+            "message": "acquireTime, leaseDurationSeconds, leaseTransitions, preferredHolder and strategy of a lock Lease are written only by the Leasehold controller",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!("{update} || variables.oldHolder != ''"),
+            "messageExpression": "'lock Lease ' + request.name + ' is free: only the Leasehold controller writes a free lock Lease (it grants the lock to the head of the queue)'",
+            "message": "only the Leasehold controller writes a free lock Lease",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!("{update} || variables.oldHolder == '' || variables.holderWrites"),
+            "messageExpression": "'only the holder of lock Lease ' + request.name + ' (' + variables.oldHolder + ') may renew or release it, not ' + variables.requester + '; only the Leasehold controller grants'",
+            "message": "only the holder of a lock Lease may renew or release it; only the Leasehold controller grants",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "!variables.holderWrites || !variables.draining || variables.newHolder == ''",
+            "messageExpression": format!("'the hold on lock Lease ' + request.name + ' with token ' + oldObject.metadata.annotations['{DRAINING}'] + ' was revoked: its holder may only release it (clear holderIdentity), not renew it'"),
+            "message": "this hold was revoked (leasehold.dev/draining): its holder may only release it, not renew it",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!(
+                "!variables.holderWrites || (variables.newHolder == variables.oldHolder && has(object.spec) && has(object.spec.renewTime)) || (variables.newHolder == '' && {same_renew_time})"
+            ),
+            "messageExpression": "'the holder of lock Lease ' + request.name + ' may only renew it (change renewTime alone) or release it (clear holderIdentity alone), not hand it to ' + variables.newHolder",
+            "message": "the holder of a lock Lease may only renew it (change renewTime alone) or release it (clear holderIdentity alone)",
+            "reason": "Forbidden",
+        },
+    ])
+}
+
+/// The policy, with the given exemptions.
+pub fn policy(exempt: super::Exempt<'_>) -> Value {
+    let constraints = json!({
+        "resourceRules": [{
+            "apiGroups": ["coordination.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["leases"],
+        }],
+        "objectSelector": {"matchLabels": {LABEL_ROLE: ROLE_LOCK}},
+    });
+    super::policy(POLICY_NAME, exempt, constraints, variables(), validations())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_lock_leases_for_every_write() {
+        let policy = policy(super::super::Exempt { controller: "c", cleanup: &[] });
+        let constraints = &policy["spec"]["matchConstraints"];
+        assert_eq!(constraints["objectSelector"]["matchLabels"][LABEL_ROLE], ROLE_LOCK);
+        assert_eq!(constraints["resourceRules"][0]["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
+    }
+
+    #[test]
+    fn every_update_rule_freezes_what_only_the_controller_writes() {
+        let text = validations().to_string();
+        for field in [
+            "metadata.labels",
+            "metadata.annotations",
+            "metadata.ownerReferences",
+            "metadata.finalizers",
+            "spec.acquireTime",
+            "spec.leaseDurationSeconds",
+            "spec.leaseTransitions",
+            "spec.preferredHolder",
+            "spec.strategy",
+        ] {
+            assert!(text.contains(&format!("object.{field} == oldObject.{field}")), "{field} is not frozen");
+        }
+    }
+
+    #[test]
+    fn every_rule_names_the_lease_and_says_forbidden() {
+        let rules = validations();
+        for rule in rules.as_array().expect("a list") {
+            assert_eq!(rule["reason"], "Forbidden");
+            assert!(rule["message"].as_str().is_some_and(|m| !m.is_empty()), "{rule}");
+            let message = rule["messageExpression"].as_str().expect("a message expression");
+            assert!(message.contains("request.name") || message.contains("object.metadata.name"), "{message}");
+        }
+    }
+}
