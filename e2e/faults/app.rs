@@ -29,9 +29,24 @@ pub async fn call(
     Some((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
 }
 
-/// The instant `remainingMs` in `answer` runs out, counted from `receipt`.
+/// The instant the hold `answer` reports runs out: `remainingMs` counted from `receipt`,
+/// but never past `validUntilBoottimeMs` (the boot clock does not stretch while a paused
+/// sidecar's answer waits to be sent).
 pub fn until(answer: &Value, receipt: Instant) -> Option<Instant> {
-    answer["remainingMs"].as_u64().map(|ms| receipt + Duration::from_millis(ms))
+    let relative = receipt + Duration::from_millis(answer["remainingMs"].as_u64()?);
+    Some(match answer["validUntilBoottimeMs"].as_u64() {
+        Some(ms) => relative.min(boot_instant(Duration::from_millis(ms))),
+        None => relative,
+    })
+}
+
+/// The instant on this process's clock at which `CLOCK_BOOTTIME` reads `deadline`.
+fn boot_instant(deadline: Duration) -> Instant {
+    let (now, boot) = (Instant::now(), leasehold::boottime::now());
+    match deadline.checked_sub(boot) {
+        Some(ahead) => now + ahead,
+        None => now.checked_sub(boot - deadline).unwrap_or(now),
+    }
 }
 
 /// Follows the event stream of `worker`'s lock until it closes; what it learns about the

@@ -74,13 +74,20 @@ async fn two_sidecars_contend_one_holder_at_a_time_and_release_hands_over() {
     let (sa, sb) = (env.sidecar(&a, &[]).await, env.sidecar(&b, &[]).await);
 
     let (status, first) = sa.acquire(LOCK, 30.0).await;
+    let boot_at_receipt = leasehold::boottime::millis(leasehold::boottime::now());
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["holder"], a.identity().id);
+    // The boot-clock deadline is still ahead and never later than remainingMs counted from
+    // receipt: it cannot be stretched by the answer's time in transit.
+    let boot_until = first["validUntilBoottimeMs"].as_u64().expect("validUntilBoottimeMs");
+    let remaining = first["remainingMs"].as_u64().expect("remainingMs");
+    assert!(boot_until > boot_at_receipt && boot_until <= boot_at_receipt + remaining, "{first} at {boot_at_receipt}");
     let waiting = acquire_later(&sb, 30.0);
     wait_local_waiting(&sb).await;
     let (va, vb) = (sa.view(LOCK).await, sb.view(LOCK).await);
     assert_eq!((va["held"].as_bool(), vb["held"].as_bool()), (Some(true), Some(false)), "{va} {vb}");
     assert_eq!(va["fencingToken"], first["fencingToken"]);
+    assert!(va["validUntilBoottimeMs"].as_u64().is_some() && vb.get("validUntilBoottimeMs").is_none(), "{va} {vb}");
 
     let (status, released) = sa.release(LOCK).await;
     assert_eq!((status, released["released"].as_bool(), released["wasHeld"].as_bool()), (200, Some(true), Some(true)));

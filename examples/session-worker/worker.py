@@ -20,19 +20,26 @@ import urllib.request
 SIDECAR = os.environ.get("LEASEHOLD_URL", "http://127.0.0.1:7070")
 
 
+def boottime():
+    """Seconds since boot on CLOCK_BOOTTIME, the clock the sidecar's deadlines are on."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 class Hold:
     """What the sidecar last said about our hold."""
 
     def __init__(self, grant):
         self.token = grant["fencingToken"]
         self.handle = grant["handle"]
-        self.valid_until = time.monotonic() + grant["remainingMs"] / 1000
+        # The deadline on the boot clock (the same in every container of the pod): unlike
+        # remainingMs it does not stretch while an answer is in transit.
+        self.valid_until = grant["validUntilBoottimeMs"] / 1000
         self.ended = None
 
     def held(self):
         # Act only within the time the sidecar last vouched for (a frozen sidecar stops
         # vouching), and never after it said the hold was lost.
-        return self.ended is None and time.monotonic() < self.valid_until
+        return self.ended is None and boottime() < self.valid_until
 
     def follow(self, session):
         """Reads the session's lines: `held` every second, `lost`/`released` at the end."""
@@ -41,8 +48,8 @@ class Hold:
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                if "remainingMs" in event:
-                    self.valid_until = time.monotonic() + event["remainingMs"] / 1000
+                if "validUntilBoottimeMs" in event:
+                    self.valid_until = event["validUntilBoottimeMs"] / 1000
                 if event["event"] in ("lost", "released"):
                     self.ended = event.get("reason", event["event"])
                     return

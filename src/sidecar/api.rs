@@ -187,7 +187,7 @@ async fn acquire(
             let events = session.then(|| api.slots.subscribe(&name));
             // Check once more as the answer leaves: a hold lost meanwhile (the sidecar was
             // paused, say) is never reported held. Leaving the queue releases it.
-            let Some(remaining) = api.slots.remaining_for(&name, id) else {
+            let Some(left) = api.slots.remaining_for(&name, id) else {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
                     "lost",
@@ -198,7 +198,12 @@ async fn acquire(
                 ));
             };
             leave.armed = false;
-            let granted = Granted { remaining_ms: millis(remaining), expires_at: wall_after(remaining), ..granted };
+            let granted = Granted {
+                remaining_ms: millis(left.remaining),
+                valid_until_boottime_ms: left.boottime_ms,
+                expires_at: wall_after(left.remaining),
+                ..granted
+            };
             Ok(match events {
                 Some(events) => {
                     let handle = granted.handle.clone();

@@ -73,7 +73,12 @@ impl Session {
                 },
                 _ = self.keep_alive.tick() => {
                     return Some(match self.slots.remaining_of(&self.lock, &self.handle) {
-                        Some(left) => line(&json!({"event": "held", "fencingToken": self.token, "remainingMs": millis(left)})),
+                        Some(left) => line(&json!({
+                            "event": "held",
+                            "fencingToken": self.token,
+                            "remainingMs": millis(left.remaining),
+                            "validUntilBoottimeMs": left.boottime_ms,
+                        })),
                         None => "\n".to_owned(),
                     });
                 }

@@ -27,6 +27,7 @@ use tracing::{info, warn};
 
 use super::owner::{self, Binding, Ending, Handle, Terms};
 use super::pod::{self, PodView};
+use crate::boottime;
 use crate::claim::{AcquireError, Claimant, Hold, HoldEvent, HoldStatus, ReleaseOutcome};
 
 /// How many ended holds per lock are remembered, so that a late or repeated release with
@@ -52,6 +53,11 @@ pub struct Granted {
     /// long from when it receives the answer, unless told otherwise. Never past the
     /// caller's TTL deadline.
     pub remaining_ms: u64,
+    /// The same deadline on the pod's `CLOCK_BOOTTIME` (ms since boot, as in
+    /// `/proc/uptime`): unlike `remainingMs` it does not stretch while the answer is in
+    /// transit, so a caller that compares it with the clock never counts on a hold past
+    /// its end, however late the answer arrives.
+    pub valid_until_boottime_ms: u64,
     /// The owner handle: release, keep-alive and the hold's view take it.
     pub handle: Handle,
     /// Whether the hold is bound to the acquire's connection.
@@ -83,6 +89,8 @@ pub enum LockEvent {
         fencing_token: i64,
         /// Time left, ms.
         remaining_ms: u64,
+        /// The hold's end on the pod's `CLOCK_BOOTTIME`, ms.
+        valid_until_boottime_ms: u64,
         /// The failure.
         error: String,
     },
@@ -144,6 +152,9 @@ pub struct LockView {
     /// Time left, ms, when held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remaining_ms: Option<u64>,
+    /// The hold's end on the pod's `CLOCK_BOOTTIME`, ms, when held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valid_until_boottime_ms: Option<u64>,
     /// Callers of this pod waiting for the lock.
     pub local_waiters: usize,
 }
@@ -165,6 +176,9 @@ pub struct HoldView {
     /// Time left, ms, when held (never past the caller's TTL deadline).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remaining_ms: Option<u64>,
+    /// The hold's end on the pod's `CLOCK_BOOTTIME`, ms, when held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valid_until_boottime_ms: Option<u64>,
     /// Whether it is bound to the acquire's connection.
     pub session: bool,
     /// The caller's TTL, for a heartbeat hold.
@@ -262,14 +276,14 @@ struct Current {
 
 impl Current {
     /// Time left to tell the owner, recording it as told; `None` unless held now.
-    fn answer(&mut self, now: Instant) -> Option<Duration> {
+    fn answer(&mut self, now: Instant) -> Option<Left> {
         if self.lost.is_some() || self.caller_deadline.is_some_and(|d| d <= now) {
             return None;
         }
         let left = owner::remaining(self.hold.remaining()?, self.caller_deadline, now);
         let until = now + left;
         self.told_until = Some(self.told_until.map_or(until, |t| t.max(until)));
-        Some(left)
+        Some(Left::until(until, left))
     }
 
     fn ttl_seconds(&self) -> Option<f64> {
@@ -468,6 +482,7 @@ impl Slots {
                 expires_at: wall_after(left),
                 lease_duration_seconds: current.hold.timing().lease_duration.as_secs(),
                 remaining_ms: 0,
+                valid_until_boottime_ms: 0,
                 handle: handle.clone(),
                 session: current.terms.session,
                 ttl_seconds: current.ttl_seconds(),
@@ -531,8 +546,12 @@ impl Slots {
         let mut slots = self.slots();
         let slot = slots.entry(lock.to_owned()).or_default();
         let Some(left) = slot.current_of(handle).and_then(|c| c.answer(Instant::now())) else { return };
-        let remaining_ms = millis(left);
-        slot.publish(LockEvent::RenewLate { fencing_token: token, remaining_ms, error });
+        slot.publish(LockEvent::RenewLate {
+            fencing_token: token,
+            remaining_ms: millis(left.remaining),
+            valid_until_boottime_ms: left.boottime_ms,
+            error,
+        });
     }
 
     /// A hold was lost: report it; keep it until its owner lets go, or until everything
@@ -720,6 +739,7 @@ impl Slots {
                 held: false,
                 fencing_token: *token,
                 remaining_ms: None,
+                valid_until_boottime_ms: None,
                 session: false,
                 ttl_seconds: None,
                 reason: Some(ending.to_string()),
@@ -845,14 +865,15 @@ impl Slots {
             state,
             held: left.is_some(),
             fencing_token: token.or(lost_token),
-            remaining_ms: left.map(millis),
+            remaining_ms: left.map(|l| millis(l.remaining)),
+            valid_until_boottime_ms: left.map(|l| l.boottime_ms),
             local_waiters: waiters,
         }
     }
 
     /// Time left on the hold of `lock` handed to caller `id`, if it is still held (told to
     /// that caller: recorded as such).
-    pub fn remaining_for(&self, lock: &str, id: u64) -> Option<Duration> {
+    pub fn remaining_for(&self, lock: &str, id: u64) -> Option<Left> {
         let mut slots = self.slots();
         let current = slots.get_mut(lock)?.current.as_mut().filter(|c| c.caller == id)?;
         current.answer(Instant::now())
@@ -860,7 +881,7 @@ impl Slots {
 
     /// Time left on the hold `handle` names, if it is still held (told to its owner:
     /// recorded as such).
-    pub fn remaining_of(&self, lock: &str, handle: &Handle) -> Option<Duration> {
+    pub fn remaining_of(&self, lock: &str, handle: &Handle) -> Option<Left> {
         self.slots().get_mut(lock)?.current_of(handle)?.answer(Instant::now())
     }
 
@@ -901,7 +922,8 @@ fn hold_view(lock: &str, current: &mut Current, now: Instant) -> HoldView {
         state: if left.is_some() { "held" } else { "lost" },
         held: left.is_some(),
         fencing_token: current.hold.token(),
-        remaining_ms: left.map(millis),
+        remaining_ms: left.map(|l| millis(l.remaining)),
+        valid_until_boottime_ms: left.map(|l| l.boottime_ms),
         session: current.terms.session,
         ttl_seconds: current.ttl_seconds(),
         reason: current.lost.clone(),
@@ -911,6 +933,23 @@ fn hold_view(lock: &str, current: &mut Current, now: Instant) -> HoldView {
 /// Milliseconds, rounded down (never promising more than there is).
 pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Time left on a hold as an answer tells it: relative, and as a deadline on the boot clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Left {
+    /// Time left from the instant the answer was computed.
+    pub remaining: Duration,
+    /// The deadline on `CLOCK_BOOTTIME`, ms, rounded down: never later than the deadline
+    /// `remaining` counts to.
+    pub boottime_ms: u64,
+}
+
+impl Left {
+    /// The hold runs out at `until`, `remaining` from now.
+    pub fn until(until: Instant, remaining: Duration) -> Left {
+        Left { remaining, boottime_ms: boottime::millis(boottime::deadline_of(until)) }
+    }
 }
 
 /// The wall-clock time `left` from now.
