@@ -1,7 +1,7 @@
 //! `leasehold check`: whether an installation can work, asked of the API server the way
 //! the real requests go — the chart runs it as its `helm test`. It checks:
 //! - the Kubernetes version is one Leasehold supports ([`OLDEST_SUPPORTED`]);
-//! - both CRDs are established and serve `v1alpha1`;
+//! - the three CRDs are established and serve `v1alpha1`;
 //! - the webhook configurations exist and every webhook carries a CA bundle;
 //! - the API server reaches each webhook over TLS and gets its answer: dry-run requests
 //!   (nothing is stored) that each webhook must see, in a namespace where they apply — an

@@ -33,6 +33,8 @@ enum Command {
     /// Revoke a lock's current hold, audited: `release <namespace>/<name> --force --reason "..."`
     /// (a ForceReleaseRequest where the lock's policy needs approvals).
     Release(leasehold::cli::Release),
+    /// List the force-release requests of a namespace and where each stands.
+    Requests(leasehold::cli::request::List),
     /// Approve a force-release request (another person's): `approve <namespace>/<request>`.
     Approve(leasehold::cli::request::Approve),
     /// Deny a force-release request: `deny <namespace>/<request> --reason "..."`.
@@ -101,6 +103,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Release(args) => one_shot("release", leasehold::cli::release(args)),
+        Command::Requests(args) => one_shot("requests", leasehold::cli::request::list(args)),
         Command::Approve(args) => one_shot("approve", leasehold::cli::request::approve(args)),
         Command::Deny(args) => one_shot("deny", leasehold::cli::request::deny(args)),
         Command::Check(config) => {

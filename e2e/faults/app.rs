@@ -11,11 +11,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::history::{Learned, Op};
-use super::world::{AppBelief, AppKind, Worker, World, random};
+use super::world::{AppBelief, AppKind, CALLER_TTL, Worker, World, random};
 use crate::support::http_request;
+use crate::support::owner::{Session, open_session};
 
 /// One request to the sidecar, bounded so a frozen sidecar does not stall the app for ever.
 pub async fn call(
@@ -93,6 +94,98 @@ fn learn(world: &World, worker: &Worker, token: Option<i64>, how: Learned) {
     }
 }
 
+/// How the app owns its hold, and so how it lets go.
+enum Owner {
+    /// A pod-scoped hold, released by lock name.
+    Pod,
+    /// A session-bound hold: the task following the session owns its connection, so
+    /// ending the task closes the session.
+    Session {
+        /// Owned for its drop, which ends the session.
+        _follower: Follower,
+    },
+    /// A heartbeat hold, by its owner handle.
+    Heartbeat(String),
+}
+
+/// The task following a session; dropping it ends the task (and closes the connection).
+struct Follower(tokio::task::JoinHandle<()>);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One acquisition as the app's kind makes it: the token, when the answer arrived, until
+/// when it may count on it, and how it owns the hold. `None`: not granted this time.
+async fn acquire(world: &Arc<World>, worker: &Arc<Worker>) -> Option<(i64, Instant, Instant, Owner)> {
+    let lock = &worker.lock;
+    let path = format!("/v1/locks/{lock}/acquire");
+    match worker.kind {
+        AppKind::Session => {
+            let body = json!({"waitSeconds": 10});
+            let (status, mut session) =
+                tokio::time::timeout(Duration::from_secs(30), open_session(worker.api, lock, body)).await.ok()??;
+            let grant = session.next(Duration::from_secs(5)).await;
+            let receipt = Instant::now();
+            let grant = grant.filter(|_| status == 200)?;
+            let (token, deadline) = (grant["fencingToken"].as_i64()?, until(&grant, receipt)?);
+            let follower = tokio::spawn(follow_session(world.clone(), worker.clone(), session, token));
+            Some((token, receipt, deadline, Owner::Session { _follower: Follower(follower) }))
+        }
+        kind => {
+            let body = match kind {
+                AppKind::Heartbeat => json!({"waitSeconds": 10, "ttlSeconds": CALLER_TTL.as_secs_f64()}),
+                _ => json!({"waitSeconds": 10}),
+            };
+            let answer = call(worker, "POST", &path, Some(&body.to_string()), Duration::from_secs(30)).await;
+            let receipt = Instant::now();
+            let (200, reply) = answer? else { return None };
+            let (token, deadline) = (reply["fencingToken"].as_i64()?, until(&reply, receipt)?);
+            let owner = match kind {
+                AppKind::Heartbeat => Owner::Heartbeat(reply["handle"].as_str()?.to_owned()),
+                _ => Owner::Pod,
+            };
+            Some((token, receipt, deadline, owner))
+        }
+    }
+}
+
+/// Follows a session's lines: `held` lines extend the app's belief, `lost` and `released`
+/// (or the session closing) end it.
+async fn follow_session(world: Arc<World>, worker: Arc<Worker>, mut session: Session, token: i64) {
+    loop {
+        let line = session.next(Duration::from_secs(24 * 3600)).await;
+        let receipt = Instant::now();
+        let learned = match line.as_ref().map(|l| l["event"].as_str()) {
+            None => Learned::StreamClosed,
+            Some(Some("lost")) => Learned::LostEvent,
+            Some(Some("released")) => Learned::ReleasedEvent,
+            Some(Some("held")) => {
+                let line = line.as_ref().expect("a line");
+                let mut belief = worker.belief.lock().expect("lock");
+                let deadline = until(line, receipt).filter(|_| line["fencingToken"].as_i64() == Some(token));
+                if let Some(deadline) = deadline.filter(|_| belief.token == Some(token) && !belief.lost) {
+                    belief.until = Some(belief.until.map_or(deadline, |u| u.max(deadline)));
+                    world.history.log_at(
+                        receipt,
+                        &worker.name,
+                        &worker.lock,
+                        Op::Held { token, until: Some(deadline) },
+                    );
+                }
+                continue;
+            }
+            Some(_) => continue,
+        };
+        learn(&world, &worker, Some(token), learned);
+        if !matches!(learned, Learned::LostEvent) {
+            return;
+        }
+    }
+}
+
 /// The app loop of `worker`, until it is stopped.
 pub async fn run(world: Arc<World>, worker: Arc<Worker>) {
     let lock = worker.lock.clone();
@@ -105,22 +198,14 @@ pub async fn run(world: Arc<World>, worker: Arc<Worker>) {
                 continue;
             }
         }
-        let path = format!("/v1/locks/{lock}/acquire");
-        let answer = tokio::select! {
+        let acquired = tokio::select! {
             _ = worker.stop.cancelled() => break,
-            a = call(&worker, "POST", &path, Some(r#"{"waitSeconds": 10}"#), Duration::from_secs(30)) => a,
+            a = acquire(&world, &worker) => a,
         };
-        let receipt = Instant::now();
-        let (token, deadline) = match answer {
-            Some((200, reply)) => match (reply["fencingToken"].as_i64(), until(&reply, receipt)) {
-                (Some(token), Some(deadline)) => (token, deadline),
-                _ => continue,
-            },
-            // Timeout, unknown lock (being re-created), a sidecar being restarted...
-            _ => {
-                pace(&worker, 300).await;
-                continue;
-            }
+        // Timeout, unknown lock (being re-created), a sidecar being restarted...
+        let Some((token, receipt, deadline, owner)) = acquired else {
+            pace(&worker, 300).await;
+            continue;
         };
         {
             let mut belief = worker.belief.lock().expect("lock");
@@ -131,13 +216,22 @@ pub async fn run(world: Arc<World>, worker: Arc<Worker>) {
             learn(&world, &worker, Some(token), Learned::LostEvent);
         }
         *worker.last_token.lock().expect("lock") = Some(token);
-        work(&world, &worker, token).await;
+        work(&world, &worker, token, &owner).await;
         {
             let mut belief = worker.belief.lock().expect("lock");
             world.history.log(&worker.name, &lock, Op::Release { token });
             *belief = AppBelief::default();
         }
-        let _ = call(&worker, "POST", &format!("/v1/locks/{lock}/release"), None, Duration::from_secs(10)).await;
+        let release = match &owner {
+            Owner::Pod => Some(format!("/v1/locks/{lock}/release")),
+            Owner::Heartbeat(handle) => Some(format!("/v1/locks/{lock}/holds/{handle}/release")),
+            // Closing the session lets go.
+            Owner::Session { .. } => None,
+        };
+        drop(owner);
+        if let Some(path) = release {
+            let _ = call(&worker, "POST", &path, None, Duration::from_secs(10)).await;
+        }
         pace(&worker, 150).await;
     }
     if let Some(h) = stream {
@@ -147,39 +241,50 @@ pub async fn run(world: Arc<World>, worker: Arc<Worker>) {
     world.history.log(&worker.name, &lock, Op::Stopped);
 }
 
-/// The critical section: steps of writes and a view, until its length is done or the app
-/// stops believing.
-async fn work(world: &World, worker: &Worker, token: i64) {
+/// The critical section: steps of writes and an answer about the hold (a view, or a
+/// keep-alive for a heartbeat hold), until its length is done or the app stops believing.
+async fn work(world: &World, worker: &Worker, token: i64, owner: &Owner) {
     let lock = &worker.lock;
     let end = Instant::now() + worker.sections.pick();
     let acting = || worker.belief.lock().expect("lock").acting(Instant::now()) == Some(token);
     while acting() && Instant::now() < end && !worker.stop.is_cancelled() {
+        if hang(world, worker, token).await {
+            break;
+        }
         world.write_all(worker, &worker.name, token, acting, false).await;
         if !acting() {
             break;
         }
-        let view = call(worker, "GET", &format!("/v1/locks/{lock}"), None, Duration::from_secs(2)).await;
+        let (method, path) = match owner {
+            Owner::Heartbeat(handle) => ("POST", format!("/v1/locks/{lock}/holds/{handle}/keepalive")),
+            _ => ("GET", format!("/v1/locks/{lock}")),
+        };
+        let answer = call(worker, method, &path, None, Duration::from_secs(2)).await;
         let receipt = Instant::now();
-        if let Some((200, view)) = view {
+        if let Some((status, answer)) = answer {
             let mut belief = worker.belief.lock().expect("lock");
             if belief.token != Some(token) || belief.lost {
                 break;
             }
-            let held = view["held"].as_bool() == Some(true) && view["fencingToken"].as_i64() == Some(token);
-            match until(&view, receipt).filter(|_| held) {
+            let held = status == 200
+                && answer["held"].as_bool() == Some(true)
+                && answer["fencingToken"].as_i64() == Some(token);
+            match until(&answer, receipt).filter(|_| held) {
                 Some(deadline) => {
                     belief.until = Some(belief.until.map_or(deadline, |u| u.max(deadline)));
                     world.history.log_at(receipt, &worker.name, lock, Op::Held { token, until: Some(deadline) });
                 }
-                None => {
+                // A keep-alive refused, or a view saying not held.
+                None if status == 200 || matches!(owner, Owner::Heartbeat(_)) && status < 500 => {
                     belief.lost = true;
                     world.history.log_at(receipt, &worker.name, lock, Op::NotHeld);
                     break;
                 }
+                None => {}
             }
         }
-        // A view that did not come back tells the app nothing: it works on until its last
-        // answer runs out.
+        // An answer that did not come back tells the app nothing: it works on until its
+        // last answer runs out.
         let until = worker.belief.lock().expect("lock").until.unwrap_or_else(Instant::now);
         let wake = (Instant::now() + worker.sections.pause()).min(end).min(until);
         tokio::select! {
@@ -188,6 +293,19 @@ async fn work(world: &World, worker: &Worker, token: i64) {
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
     }
+}
+
+/// A hung app (the `app-hung` fault): it makes no call — no keep-alive — until the hang
+/// ends, still believing what it was last told; then, as a zombie, writes once with
+/// `token` without checking. Returns whether it hung.
+async fn hang(world: &World, worker: &Worker, token: i64) -> bool {
+    let Some(until) = worker.hung_until.lock().expect("lock").take() else { return false };
+    tokio::select! {
+        _ = worker.stop.cancelled() => {}
+        _ = tokio::time::sleep_until(until.into()) => {}
+    }
+    zombie(world, worker, token).await;
+    true
 }
 
 /// A short, random pause between critical sections (workload pacing, not synchronisation).

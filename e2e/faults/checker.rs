@@ -20,7 +20,8 @@
 //! 6. **Recovery.** After each fault, the lock is granted again (an app receives a grant,
 //!    or the Lease shows one) within the bound of its kind ([`recovery_bound`]), counted
 //!    from the later of the fault's recovery point and the end of the beliefs held across
-//!    it — unless another fault on the lock came first.
+//!    it — unless another fault on the lock came first; one still in progress when it
+//!    began moves the start to that fault's end and its bound to the longer of the two.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -90,7 +91,7 @@ pub enum Class {
 pub fn class(kind: &str) -> Class {
     match kind {
         "force-release" | "max-hold" | "pod-force-deleted" | "lease-deleted" | "lease-deleted-twice" => Class::Drain,
-        "holder-sigterm" | "holder-pod-deleted" => Class::Handoff,
+        "holder-sigterm" | "holder-pod-deleted" | "app-sigkill" => Class::Handoff,
         "leader-killed"
         | "leader-sigstop"
         | "controllers-down"
@@ -527,6 +528,23 @@ fn recovery(i: &Inputs, beliefs: &BTreeMap<String, Vec<Belief>>, at: &dyn Fn(Ins
                 report.unjudged.1 += 1;
                 continue;
             }
+            // A fault on this lock still in progress when this one began (an outage not
+            // yet over, a controller's clock still stopped) holds the recovery up for
+            // reasons of its own: counted from the later of the two ends, with the longer
+            // of the two bounds.
+            let (idle_from, bound) = i
+                .faults
+                .iter()
+                .filter(|g| {
+                    class(g.kind) != Class::Refused
+                        && g.start <= f.start
+                        && g.recover_from > f.start
+                        && g.locks.contains(lock)
+                        && !std::ptr::eq(*g, f)
+                })
+                .fold((idle_from, bound), |(from, b), g| {
+                    (from.max(g.recover_from), b.zip(recovery_bound(g.kind, g.lease, &i.bounds)).map(|(x, y)| x.max(y)))
+                });
             let took = match next {
                 Some(s) => s.saturating_duration_since(idle_from),
                 None => {
@@ -896,6 +914,17 @@ mod tests {
         });
         let report = run(&late, &[fault(base, "holder-sigkill", 1000, 1000)], &shown, &Applied::new());
         assert_eq!(report.worst_recovery(), Duration::from_millis(4000), "{report}");
+        // A fault that began while an outage on every lock was still in progress: 7.5 s
+        // after the lease deletion's drain, but within the outage's bound from its end (the
+        // outage itself is not judged: another fault on the lock came after it).
+        let faults = [fault(base, "lease-deleted", 1000, 1000), fault(base, "controller-clock-frozen", 900, 4000)];
+        let report = run(&late, &faults, &LeaseHistory::default(), &Applied::new());
+        assert!(report.violations.is_empty(), "{report}");
+        assert_eq!(report.unjudged.1, 1, "{report}");
+        assert_eq!(report.recovery.get("lease-deleted").map(|r| r.0), Some(Duration::from_millis(7500)), "{report}");
+        // Without the outage, the same history breaks the drain's bound.
+        let report = run(&late, &faults[..1], &LeaseHistory::default(), &Applied::new());
+        assert!(report.violations.iter().any(|v| v.contains("took 7500 ms")), "{report}");
         // Refused writes have no recovery to judge.
         assert_eq!(recovery_bound("adv-lease-delete", LEASE, &BOUNDS), None);
         // No grant at all, long after: a violation.

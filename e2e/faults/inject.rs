@@ -12,7 +12,12 @@ use leasehold_harness::Fault as NetFault;
 use serde_json::json;
 
 use super::history::Fault;
-use super::world::{HOLD_LOCK, JOB_LOCK, LEASE, MAX_HOLD_LOCK, MAX_HOLD_SECONDS, Worker, World, set_clock};
+use super::world::{
+    AppKind, CALLER_TTL, HOLD_LOCK, JOB_LOCK, LEASE, MAX_HOLD_LOCK, MAX_HOLD_SECONDS, Worker, World, set_clock,
+};
+
+/// How long a fault on a caller-owned hold waits for an app of that kind to hold the lock.
+const OWNER_WAIT: Duration = Duration::from_secs(30);
 
 /// Faults on an ordinary lock (worker pods with sidecars).
 pub const SIDECAR: &[&str] = &[
@@ -39,6 +44,8 @@ pub const SIDECAR: &[&str] = &[
     "clock-behind",
     "network-delay",
     "lease-deleted-twice",
+    "app-sigkill",
+    "app-hung",
 ];
 
 /// Faults on the max-hold lock.
@@ -129,6 +136,20 @@ pub async fn local(world: &Arc<World>, kind: &'static str, lock: &str) -> Option
             return Some(Fault { note: answer, ..record(kind, lock, start, start) });
         }
         "lease-deleted-twice" => return lease_deleted_twice(world, lock).await,
+        "app-sigkill" => {
+            // A session-bound holder's app dies: its connection closes with it.
+            let target = world.wait_holder_of(lock, AppKind::Session, OWNER_WAIT).await?;
+            let start = Instant::now();
+            world.restart_app(&target).await;
+            return Some(Fault { victim: Some(target.name.clone()), ..record(kind, lock, start, start) });
+        }
+        "app-hung" => {
+            // A heartbeat holder's app hangs past its TTL with its sockets open.
+            let target = world.wait_holder_of(lock, AppKind::Heartbeat, OWNER_WAIT).await?;
+            let start = Instant::now();
+            *target.hung_until.lock().expect("lock") = Some(start + CALLER_TTL + Duration::from_secs(1));
+            return Some(Fault { victim: Some(target.name.clone()), ..record(kind, lock, start, start) });
+        }
         "max-hold" => return max_hold(world, lock).await,
         "timing-longer" => return timing_longer(world, lock).await,
         _ => {}

@@ -22,7 +22,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::history::{History, Op, Resource};
-use super::record::{ConfigMapLog, LeaseLog, version_of};
+use super::record::{ConfigMapLog, LeaseLog, LeaseState, version_of};
 use crate::support::{Env, LeaseholdProcess, TestPod, free_port, http_request, leasehold_bin};
 
 /// The timing of the locks under test: lease 5 s, renew deadline 4 s, retry 1 s.
@@ -50,6 +50,8 @@ pub const JOB_LOCK: &str = "job";
 pub const MAX_HOLD_LOCK: &str = "maxhold";
 /// A lock nobody uses (its Lease stays free): a target for adversarial writes.
 pub const IDLE_LOCK: &str = "idle";
+/// The caller TTL of heartbeat apps.
+pub const CALLER_TTL: Duration = Duration::from_secs(2);
 
 /// How an app learns about its hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +60,10 @@ pub enum AppKind {
     Events,
     /// Acquires through the sidecar and trusts only answers (`remainingMs`, views).
     Views,
+    /// Acquires a session-bound hold and follows the session's lines; lets go by closing it.
+    Session,
+    /// Acquires a heartbeat hold (a caller TTL) and keeps it alive at every step.
+    Heartbeat,
     /// A hold-mode pod: one app trusting the hold file, one trusting the API.
     Hold,
     /// Runs commands under `leasehold run`.
@@ -187,6 +193,8 @@ pub struct Worker {
     pub gone: Mutex<Vec<i64>>,
     /// The token of its latest hold.
     pub last_token: Mutex<Option<i64>>,
+    /// Set when its app hangs: it makes no call until then, then writes once as a zombie.
+    pub hung_until: Mutex<Option<Instant>>,
     /// Stops its app (at the end of the run, or when the pod goes away).
     pub stop: CancellationToken,
     /// Its app tasks.
@@ -415,8 +423,14 @@ impl World {
         match lock {
             HOLD_LOCK => AppKind::Hold,
             JOB_LOCK => AppKind::Run,
-            _ if n.is_multiple_of(2) && !self.layout.views_only => AppKind::Events,
-            _ => AppKind::Views,
+            _ if self.layout.views_only => AppKind::Views,
+            // Every ownership mode on every lock over the run (workers are replaced).
+            _ => match n % 4 {
+                0 => AppKind::Events,
+                1 => AppKind::Views,
+                2 => AppKind::Session,
+                _ => AppKind::Heartbeat,
+            },
         }
     }
 
@@ -559,6 +573,7 @@ impl World {
             learned: tokio::sync::Notify::new(),
             gone: Mutex::default(),
             last_token: Mutex::new(None),
+            hung_until: Mutex::new(None),
             stop: CancellationToken::new(),
             apps: Mutex::default(),
             run: Mutex::new(None),
@@ -568,7 +583,7 @@ impl World {
         }
         let identity = worker.pod.identity().id;
         let apps = match kind {
-            AppKind::Events | AppKind::Views => {
+            AppKind::Events | AppKind::Views | AppKind::Session | AppKind::Heartbeat => {
                 self.identities.lock().expect("lock").insert(name.clone(), identity);
                 vec![tokio::spawn(super::app::run(self.clone(), worker.clone()))]
             }
@@ -663,6 +678,35 @@ impl World {
         let state = self.leases.wait_for(lock, Duration::from_secs(10), |s| s.is_grant()).await?;
         let holder = state.holder?;
         self.workers.lock().expect("lock").values().find(|w| w.pod.identity().id == holder).cloned()
+    }
+
+    /// The holder of `lock` once it is a worker whose app is of `kind`, waiting up to
+    /// `limit` for one to be granted.
+    pub async fn wait_holder_of(&self, lock: &str, kind: AppKind, limit: Duration) -> Option<Arc<Worker>> {
+        let ids: Vec<String> = self
+            .workers
+            .lock()
+            .expect("lock")
+            .values()
+            .filter(|w| w.lock == lock && w.kind == kind)
+            .map(|w| w.pod.identity().id)
+            .collect();
+        let grant = |s: &LeaseState| s.is_grant() && s.holder.as_ref().is_some_and(|h| ids.contains(h));
+        let holder = self.leases.wait_for(lock, limit, grant).await?.holder?;
+        self.workers.lock().expect("lock").values().find(|w| w.pod.identity().id == holder).cloned()
+    }
+
+    /// The app of `worker` is killed (SIGKILL) and its container restarts it: the dead
+    /// app believes nothing from then on, and its connections close with it.
+    pub async fn restart_app(self: &Arc<World>, worker: &Arc<Worker>) {
+        let apps = std::mem::take(&mut *worker.apps.lock().expect("lock"));
+        for app in apps {
+            app.abort();
+            let _ = app.await;
+        }
+        *worker.belief.lock().expect("lock") = AppBelief::default();
+        self.history.log(&worker.name, &worker.lock, Op::Stopped);
+        *worker.apps.lock().expect("lock") = vec![tokio::spawn(super::app::run(self.clone(), worker.clone()))];
     }
 
     /// A worker on `lock` other than `not`.

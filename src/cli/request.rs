@@ -1,5 +1,6 @@
 //! ForceReleaseRequests from the command line: `leasehold release --force` creates one
-//! where the lock's policy needs approvals; `leasehold approve` and `leasehold deny` put
+//! where the lock's policy needs approvals; `leasehold requests` lists them with where each
+//! stands; `leasehold approve` and `leasehold deny` put
 //! the annotation the admission webhook turns into an approval or denial naming the
 //! caller (the webhook refuses the requester's own approval and anyone without the
 //! `approve` verb on `forcereleaserequests/approval`).
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use serde_json::json;
 
@@ -41,6 +42,61 @@ pub struct Deny {
     /// How long to wait for the controller to take the denial in.
     #[arg(long, default_value = "30s", value_parser = crate::controller::parse_duration)]
     pub timeout: Duration,
+}
+
+/// `leasehold requests` arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct List {
+    /// The namespace whose requests to list.
+    pub namespace: String,
+}
+
+/// The requests of a namespace as a table, oldest first: who asks to release which hold,
+/// why, how many approvals it has of how many, and its outcome.
+pub fn table(requests: &[ForceReleaseRequest]) -> String {
+    let mut rows =
+        vec![["NAME", "LOCK", "TARGET", "REQUESTER", "APPROVALS", "PHASE", "EXPIRES", "REASON"].map(String::from)];
+    let mut sorted: Vec<&ForceReleaseRequest> = requests.iter().collect();
+    sorted.sort_by_key(|r| (r.metadata.creation_timestamp.clone().map(|t| t.0), r.name_any()));
+    for r in sorted {
+        let status = r.status.clone().unwrap_or_default();
+        let target = match (&r.spec.target_holder, r.spec.target_token) {
+            (Some(holder), Some(token)) => format!("{holder} (token {token})"),
+            _ => "-".to_owned(),
+        };
+        rows.push([
+            r.name_any(),
+            r.spec.lock.clone(),
+            target,
+            r.spec.requester.clone().unwrap_or_else(|| "-".to_owned()),
+            status.approvals_text.unwrap_or_else(|| format!("{}/?", r.spec.approvals.len())),
+            status.phase.map_or("Pending", Phase::as_str).to_owned(),
+            r.spec.expires_at.as_ref().map_or_else(|| "-".to_owned(), |t| t.0.to_string()),
+            r.spec.reason.clone(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..8).map(|i| rows.iter().map(|row| row[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Lists the requests of a namespace.
+pub async fn list(args: List) -> anyhow::Result<String> {
+    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
+    let api: Api<ForceReleaseRequest> = Api::namespaced(client, &args.namespace);
+    let requests = api
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("failed to list the forcereleaserequests of namespace {}", args.namespace))?;
+    if requests.items.is_empty() {
+        return Ok(format!("no forcereleaserequests in namespace {}", args.namespace));
+    }
+    Ok(table(&requests.items).trim_end().to_owned())
 }
 
 fn describe(request: &ForceReleaseRequest, namespace: &str) -> String {
@@ -150,4 +206,54 @@ pub async fn deny(args: Deny) -> anyhow::Result<String> {
         .with_context(|| format!("failed to deny forcereleaserequest {namespace}/{name}"))?;
     let judged = judged(api, namespace, name, before.status, args.timeout).await?;
     Ok(format!("denied: {}", describe(&judged, namespace)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: &str, second: i64, phase: Option<Phase>, approvals: Option<&str>) -> ForceReleaseRequest {
+        let spec = ForceReleaseRequestSpec {
+            lock: "orders".into(),
+            reason: "stuck since 09:00".into(),
+            target_holder: Some("worker-1_uid".into()),
+            target_token: Some(17),
+            ttl_seconds: 600,
+            requester: Some("alice".into()),
+            expires_at: None,
+            approvals: Vec::new(),
+            denial: None,
+        };
+        let mut r = ForceReleaseRequest::new(name, spec);
+        r.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_second(second).expect("a time"),
+        ));
+        r.status = Some(crate::crd::ForceReleaseRequestStatus {
+            phase,
+            approvals_text: approvals.map(str::to_owned),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn the_table_lists_requests_oldest_first_with_target_approvals_and_outcome() {
+        let text =
+            table(&[request("orders-b", 20, Some(Phase::Executed), Some("1/1")), request("orders-a", 10, None, None)]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("NAME") && lines[0].contains("APPROVALS") && lines[0].ends_with("REASON"));
+        assert!(
+            lines[1].starts_with("orders-a ") && lines[1].contains(" Pending ") && lines[1].contains("0/?"),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("orders-b ") && lines[2].contains(" Executed ") && lines[2].contains(" 1/1 "),
+            "{text}"
+        );
+        assert!(lines[2].contains("worker-1_uid (token 17)") && lines[2].ends_with("stuck since 09:00"), "{text}");
+        // Columns line up: every row's PHASE starts where the header's does.
+        let at = lines[0].find("PHASE").expect("a PHASE column");
+        assert!(lines[1][at..].starts_with("Pending") && lines[2][at..].starts_with("Executed"), "{text}");
+    }
 }

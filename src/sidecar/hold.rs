@@ -168,6 +168,11 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// The first pause before claiming again after a failure that may pass (no answer, 429,
+/// 5xx), and the longest (the pause doubles while such failures repeat).
+const TRANSIENT_RETRY: Duration = Duration::from_millis(200);
+const TRANSIENT_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// Holds `lock` until `shutdown`, re-queueing after every loss. `holding` is true while a
 /// hold is in place and its file written (readiness may follow it). With `app`, it claims
 /// only while the app is up and gives leadership up when the app has been down too long.
@@ -181,6 +186,7 @@ pub async fn run(
 ) {
     let mut app = app.map(AppState::new);
     let mut backoff = Duration::from_secs(1);
+    let mut transient = TRANSIENT_RETRY;
     while !shutdown.is_cancelled() {
         // Claim only for an app that is up.
         if let Some(app) = app.as_mut() {
@@ -215,17 +221,26 @@ pub async fn run(
         let granted = match granted {
             Ok(Ok(granted)) => granted,
             Ok(Err(error)) => {
-                warn!(lock, %error, ?backoff, "hold mode cannot claim the lock; retrying");
+                // A request that got no answer (the apiserver restarting, or this process
+                // paused past the request's timeout) is tried again at once: a growing
+                // backoff would leave the lock idle while this pod is the one waiting for
+                // it. Refusals back off, up to a minute.
+                let pause = if error.is_transient() { transient } else { backoff };
+                warn!(lock, %error, ?pause, "hold mode cannot claim the lock; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(pause) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(60));
+                if error.is_transient() {
+                    transient = (transient * 2).min(TRANSIENT_RETRY_MAX);
+                } else {
+                    backoff = (backoff * 2).min(Duration::from_secs(60));
+                }
                 continue;
             }
             Err(_) => continue,
         };
-        backoff = Duration::from_secs(1);
+        (backoff, transient) = (Duration::from_secs(1), TRANSIENT_RETRY);
         let (token, handle) = (granted.fencing_token, granted.handle);
         info!(lock, token, "holding");
         let record = HoldRecord {

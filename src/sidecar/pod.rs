@@ -16,7 +16,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
@@ -37,39 +37,55 @@ pub fn watch_pod(
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let (namespace, name, uid) = (namespace.to_owned(), name.to_owned(), uid.to_owned());
     let task = async move {
-        let mut events = watcher(api, config).backoff(backoff()).boxed();
+        // The backoff is ours, not the stream's: kube's stream backoff starts afresh on any
+        // item, and every relist begins with one (`Init`) before it fails, so a missing
+        // permission would be asked about several times a second for ever.
+        let mut events = watcher(api, config).boxed();
+        let mut delays = backoff();
         let mut failing = false;
         while let Some(event) = events.next().await {
             match event {
-                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                // A relist begins: nothing learned yet.
+                Ok(watcher::Event::Init) => {}
+                Ok(event) => {
                     failing = false;
-                    if pod.metadata.uid.as_deref() == Some(uid.as_str()) {
+                    delays = backoff();
+                    if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event
+                        && pod.metadata.uid.as_deref() == Some(uid.as_str())
+                    {
                         tx.send_replace(Some(Arc::new(pod)));
                     }
                 }
-                Ok(_) => failing = false,
-                Err(error) if !failing => {
+                Err(error) => {
+                    if !failing {
+                        warn!(pod = %format!("{namespace}/{name}"), %error, "cannot watch this Pod's status (needs get, list and watch on it); container restarts go unnoticed until it can");
+                    } else {
+                        debug!(%error, "pod watch still failing");
+                    }
                     failing = true;
-                    warn!(pod = %format!("{namespace}/{name}"), %error, "cannot watch this Pod's status (needs get, list and watch on it); container restarts go unnoticed until it can");
+                    let delay = delays.next().unwrap_or(MAX_DELAY);
+                    tokio::time::sleep(delay).await;
                 }
-                Err(error) => debug!(%error, "pod watch still failing"),
             }
         }
     };
     (rx, task)
 }
 
+/// The longest pause between attempts.
+const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Retries from 200 ms up to 30 s: a missing permission is not fixed in a hurry, and a
 /// sidecar in every pod should not ask every two seconds meanwhile.
-fn backoff() -> kube::runtime::utils::ResetTimerBackoff<kube::runtime::watcher::ExponentialBackoff> {
-    let growing = backon::ExponentialBuilder::default()
+fn backoff() -> impl Iterator<Item = std::time::Duration> + Send {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
         .with_min_delay(std::time::Duration::from_millis(200))
-        .with_max_delay(std::time::Duration::from_secs(30))
+        .with_max_delay(MAX_DELAY)
         .with_factor(2.0)
         .with_jitter()
-        .without_max_times();
-    let growing = kube::runtime::watcher::ExponentialBackoff::from(growing);
-    kube::runtime::utils::ResetTimerBackoff::new(growing, std::time::Duration::from_secs(120))
+        .without_max_times()
+        .build()
 }
 
 /// The status of container `name`, if the kubelet reported one.

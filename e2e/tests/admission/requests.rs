@@ -302,6 +302,10 @@ async fn the_zero_approval_policy_acts_at_once_as_before() {
     requests_of(&alice, &env).create(&PostParams::default(), &request("break glass", 600)).await.expect("request");
     let done = phase(&env, "stuck", Phase::Executed).await;
     assert_eq!(done.status.and_then(|s| s.revoked_token), Some(token));
+    // The CLI lists it with its outcome.
+    let (ok, listed) = cli(&env, &alice, &["requests", env.name()]).await;
+    let row = listed.lines().find(|l| l.starts_with("stuck ")).unwrap_or_default();
+    assert!(ok && row.contains(" Executed ") && row.contains(&format!("(token {token})")), "{listed}");
     revoked(&hold).await;
     hold.release().await;
 

@@ -31,9 +31,23 @@ pub fn leasehold_bin() -> &'static str {
 }
 
 /// A free loopback port (bound and released; the caller binds it next).
+///
+/// It is taken below the kernel's ephemeral range: a server a test stops and starts again on
+/// the same port (a restarted sidecar) would otherwise find it taken, now and then, as the
+/// local port of some client connection made meanwhile.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
+    use rand::Rng as _;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let below = 10_000.min(ephemeral / 2)..ephemeral;
+    loop {
+        let port = rand::rng().random_range(below.clone());
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Installs the DistributedLock, LockClaim and ForceReleaseRequest CRDs (idempotent) and

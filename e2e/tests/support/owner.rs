@@ -2,6 +2,7 @@
 //! line by line), keep-alives, releases and views by owner handle, and the Pod status a
 //! kubelet would report (written here with the admin client: there is no kubelet).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -19,26 +20,8 @@ impl Sidecar {
 
     /// A session-bound acquire (`"session": true` added to `body`): the status and, on
     /// 200, the open session whose first line is the grant.
-    pub async fn session(&self, lock: &str, mut body: Value) -> (u16, Session) {
-        body["session"] = json!(true);
-        let stream = tokio::net::TcpStream::connect(self.api).await.expect("connect to the sidecar");
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("an HTTP/1.1 connection");
-        let connection = tokio::spawn(connection);
-        let request = hyper::Request::builder()
-            .method("POST")
-            .uri(format!("/v1/locks/{lock}/acquire"))
-            .header("host", self.api.to_string())
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
-            .expect("a request");
-        let response = sender.send_request(request).await.expect("the sidecar answers");
-        let status = response.status().as_u16();
-        let content_type =
-            response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        let session = Session { body: response.into_body(), buffer: Vec::new(), content_type, connection };
-        (status, session)
+    pub async fn session(&self, lock: &str, body: Value) -> (u16, Session) {
+        open_session(self.api, lock, body).await.expect("the sidecar answers a session-bound acquire")
     }
 
     /// `POST /v1/locks/{lock}/holds/{handle}/keepalive`.
@@ -55,6 +38,35 @@ impl Sidecar {
     pub async fn hold_view(&self, lock: &str, handle: &str) -> (u16, Value) {
         self.call("GET", &format!("/v1/locks/{lock}/holds/{handle}"), None).await
     }
+}
+
+/// A session-bound acquire (`"session": true` added to `body`) on the sidecar API at
+/// `api`: the status and the open session whose first line is the grant on 200; `None`
+/// if the sidecar cannot be reached or does not answer.
+pub async fn open_session(api: SocketAddr, lock: &str, mut body: Value) -> Option<(u16, Session)> {
+    body["session"] = json!(true);
+    let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(api)).await.ok()?.ok()?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.ok()?;
+    let connection = tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("/v1/locks/{lock}/acquire"))
+        .header("host", api.to_string())
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .expect("a request");
+    let response = match sender.send_request(request).await {
+        Ok(response) => response,
+        Err(_) => {
+            connection.abort();
+            return None;
+        }
+    };
+    let status = response.status().as_u16();
+    let content_type =
+        response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    Some((status, Session { body: response.into_body(), buffer: Vec::new(), content_type, connection }))
 }
 
 /// An open session: the streaming answer to a session-bound acquire. Dropping it closes
