@@ -256,6 +256,9 @@ async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_the_drain() 
     assert!(held["remainingMs"].as_u64().is_some_and(|ms| ms <= 3000), "{held}");
     assert!(sidecar.view("bounded").await["remainingMs"].as_u64().is_some_and(|ms| ms <= 3000));
 
+    // Every version of the Lease from here on: the drain may pass quickly once a's holder
+    // acknowledges it, before anything below looks.
+    let mut watch = LeaseWatch::start(env.leases(), LOCK, WAIT).await;
     let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
     let returned = Instant::now();
     let token_a = hold_a.token();
@@ -284,7 +287,7 @@ async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_the_drain() 
     // max hold, so nothing it was told outlasts that: it acknowledges the drain (or the
     // drain times out). Either way b is granted only after a's max hold — which ran from
     // a's confirmation, sent after the grant.
-    let drained = env.draining(LOCK, token_a, WAIT).await;
+    let drained = watch.draining(token_a).await;
     assert_eq!(revoked_for(&drained), Some("MaxHold"));
     let hold_b = waiting_b.await.expect("join").expect("b is granted after the drain");
     let granted_at = acquire_time(&env.leases().get(LOCK).await.expect("the lock Lease"));
