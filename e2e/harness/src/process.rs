@@ -152,6 +152,13 @@ impl Supervised {
         self.kill_and_reap_in_place();
     }
 
+    /// SIGKILLs the child at once, even a graceful one (a crash: no teardown), and waits
+    /// for it, so that everything it held (its locks, its pid) is released on return.
+    pub fn crash(mut self) {
+        self.graceful = None;
+        self.kill_and_reap_in_place();
+    }
+
     fn kill_and_reap_in_place(&mut self) {
         if self.reaped {
             return;

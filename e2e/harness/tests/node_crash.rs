@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use leasehold_harness::Node;
 use leasehold_harness::node::BUSYBOX_IMAGE;
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
 
 /// Pids of processes whose command line mentions `needle`.
@@ -50,8 +50,9 @@ async fn a_start_after_a_crash_removes_what_the_crashed_node_left() {
 
     // The crash: SIGKILL, no teardown. The pod's shim and container live on.
     let socket = first.state.containerd_socket.display().to_string();
-    kill(Pid::from_raw(first.state.supervisor_pid as i32), Signal::SIGKILL).expect("kill the supervisor");
-    std::mem::forget(first); // its handle would stop the (dead) supervisor again
+    // `crash` returns once the supervisor is reaped: a kill(2) alone returns while the
+    // process may still hold the machine-wide node lock.
+    first.crash();
     let shims = processes_mentioning(&socket);
     assert!(!shims.is_empty(), "a crashed node leaves its shims running (or this test proves nothing)");
 

@@ -136,6 +136,14 @@ impl Node {
         Ok(Node { state, dir: dir.to_owned(), _supervisor: None })
     }
 
+    /// Crashes the node: SIGKILLs its supervisor, with no teardown, and returns once the
+    /// supervisor is gone (its components die with it; containerd's shims live on).
+    pub fn crash(mut self) {
+        if let Some(supervisor) = self._supervisor.take() {
+            supervisor.crash();
+        }
+    }
+
     /// The node's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
