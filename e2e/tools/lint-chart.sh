@@ -20,7 +20,7 @@ oldest_release=${OLDEST_RELEASE:-releases/v1.30}
 oldest=$(release_version "$oldest_release")
 oldest_schemas=$(LEASEHOLD_KUBE_RELEASE=$oldest_release cargo run -q -p leasehold-harness --bin leasehold-schemas)
 chart=charts/leasehold
-skip=cert-manager.io/v1/Certificate,cert-manager.io/v1/Issuer,monitoring.coreos.com/v1/ServiceMonitor
+skip=cert-manager.io/v1/Certificate,cert-manager.io/v1/Issuer,monitoring.coreos.com/v1/ServiceMonitor,monitoring.coreos.com/v1/PodMonitor,monitoring.coreos.com/v1/PrometheusRule
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

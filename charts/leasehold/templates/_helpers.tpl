@@ -103,3 +103,20 @@ matchExpressions:
       - {{ . | quote }}
       {{- end }}
 {{- end }}
+
+{{/* A memory quantity (plain bytes, or with a k/M/G/T or Ki/Mi/Gi/Ti suffix) in bytes. */}}
+{{- define "leasehold.quantityBytes" -}}
+{{- $quantity := toString . }}
+{{- $units := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 }}
+{{- $number := regexFind "^[0-9]+" $quantity }}
+{{- $suffix := trimPrefix $number $quantity }}
+{{- if or (not $number) (not (hasKey $units $suffix)) }}
+{{- fail (printf "memory quantity %q: expected a whole number of bytes, optionally with a k, M, G, T, Ki, Mi, Gi or Ti suffix" $quantity) }}
+{{- end }}
+{{- mul (atoi $number) (get $units $suffix) }}
+{{- end }}
+
+{{/* PromQL label matchers of this release's controller series. */}}
+{{- define "leasehold.controllerMatchers" -}}
+{{- .Values.metrics.prometheusRule.controllerSelector | default (printf "namespace=%q" .Release.Namespace) }}
+{{- end }}
