@@ -14,6 +14,8 @@ mod check;
 mod cluster;
 pub mod helm;
 mod install;
+mod metric_refs;
+mod monitoring;
 mod package;
 mod platform;
 mod rbac;
