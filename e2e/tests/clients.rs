@@ -61,7 +61,7 @@ fn build(language: &str, dir: &Path) -> Vec<String> {
             run(language, "npm test", Command::new("npm").arg("test"));
             vec!["node".into(), path(clients_dir(language).join("dist").join("examples").join("contend.js"))]
         }
-        _ => {
+        "java" => {
             run(language, "mvn package", Command::new("mvn").args(["-q", "-B", "package"]));
             let classpath = std::fs::read_to_string(clients_dir(language).join("target").join("classpath.txt"))
                 .expect("the classpath mvn package wrote");
@@ -70,6 +70,7 @@ fn build(language: &str, dir: &Path) -> Vec<String> {
             let classpath = format!("{}:{}:{}", path(classes), path(examples), classpath.trim());
             ["java", "-cp", &classpath, "dev.leasehold.client.examples.Contend"].map(String::from).to_vec()
         }
+        other => panic!("no client in {other}"),
     }
 }
 
@@ -206,4 +207,14 @@ async fn go_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
 #[tokio::test]
 async fn python_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
     two_clients_take_turns("python").await;
+}
+
+#[tokio::test]
+async fn typescript_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
+    two_clients_take_turns("typescript").await;
+}
+
+#[tokio::test]
+async fn java_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
+    two_clients_take_turns("java").await;
 }
