@@ -4,17 +4,19 @@
 //! `docs/sidecar-api.yaml`); then its `contend` program, driven line by line over stdin,
 //! plays both sides of one lock: a holder sees "held", a try-lock gets the typed `timeout`
 //! error, a waiter is granted a higher token when the holder releases and again when a
-//! holder is SIGKILLed, and a hold forced away is reported lost and no longer held.
+//! holder is SIGKILLed, a hold forced away is reported lost and no longer held, and a hold
+//! whose sidecar froze is counted lost by the client's own CLOCK_BOOTTIME check, with no
+//! word from the sidecar.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use leasehold::crd::DistributedLockSpec;
 use leasehold_harness::eventually;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
+use crate::controller::fast;
 use crate::support::{Env, Sidecar};
 
 const LOCK: &str = "jobs";
@@ -145,7 +147,8 @@ async fn wait_local_waiting(sidecar: &Sidecar) {
 async fn two_clients_take_turns(language: &str) {
     let env = Env::new(&format!("cl-{}", &language[..2])).await;
     let _controller = env.controller(&["--leader-elect=false"]).await;
-    env.lock(LOCK, DistributedLockSpec::default()).await;
+    // A short lease: a frozen sidecar's last deadline passes within seconds.
+    env.lock(LOCK, fast()).await;
     let dir = env.log_dir();
     let program = tokio::task::spawn_blocking({
         let (language, dir) = (language.to_owned(), dir.clone());
@@ -193,28 +196,43 @@ async fn two_clients_take_turns(language: &str) {
 
     // The hold is forced away: the client observes the loss, and held() is false.
     env.force_release(LOCK, "maintenance", Some(&third_token.to_string())).await;
-    assert_eq!(third.ask("await-loss").await, ["lost", "false"]);
+    let lost = third.ask("await-loss").await;
+    assert_eq!(lost[..3], ["lost", "false", "lost:"], "the loss is the sidecar's `lost` event: {lost:?}");
     assert_eq!(third.ask("held").await, ["held", "false"]);
     assert_eq!(third.ask("release").await, ["released", "false"]);
     assert_eq!(third.exit_code().await, Some(0));
+
+    // A fourth holds; its sidecar freezes and sends nothing more. The client counts the hold
+    // lost once CLOCK_BOOTTIME passes the last deadline it was sent.
+    let mut fourth = start(&sb, LOCK, "30");
+    let (fourth_token, held) = fourth.granted().await;
+    assert!(fourth_token > third_token, "token {fourth_token} after {third_token}");
+    assert_eq!(held, "true");
+    sb.process.signal(libc::SIGSTOP);
+    let lost = fourth.ask("await-loss").await;
+    sb.process.signal(libc::SIGCONT);
+    assert_eq!(lost[..2], ["lost", "false"]);
+    assert!(lost.join(" ").contains("deadline passed"), "the loss is the deadline's: {lost:?}");
+    assert_eq!(fourth.ask("held").await, ["held", "false"]);
+    assert_eq!(fourth.exit_code().await, Some(0));
 }
 
 #[tokio::test]
-async fn go_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
+async fn go_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss_and_a_passed_deadline() {
     two_clients_take_turns("go").await;
 }
 
 #[tokio::test]
-async fn python_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
+async fn python_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss_and_a_passed_deadline() {
     two_clients_take_turns("python").await;
 }
 
 #[tokio::test]
-async fn typescript_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
+async fn typescript_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss_and_a_passed_deadline() {
     two_clients_take_turns("typescript").await;
 }
 
 #[tokio::test]
-async fn java_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss() {
+async fn java_client_takes_turns_by_release_and_by_kill_and_sees_a_forced_loss_and_a_passed_deadline() {
     two_clients_take_turns("java").await;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Takes a session-bound hold on a lock and answers commands on stdin, one a line: `held`
-prints whether it is still held, `await-loss` waits until it is not, `release` releases it
-and exits. End of input exits without releasing (the process's end lets go). A refused
-acquire prints `error CODE` and exits 3.
+prints whether it is still held, `await-loss` waits until it is not (and says why),
+`release` releases it and exits. End of input exits without releasing (the process's end
+lets go). A refused acquire prints `error CODE` and exits 3.
 
 Usage: contend.py LOCK WAIT_SECONDS  (the sidecar at $LEASEHOLD_URL)
 """
@@ -30,7 +30,7 @@ def main():
             say(f"held {str(hold.held()).lower()}")
         elif command == "await-loss":
             hold.wait_lost()
-            say(f"lost {str(hold.held()).lower()}")
+            say(f"lost {str(hold.held()).lower()} {hold.reason}")
         elif command == "release":
             hold.release()
             say(f"released {str(hold.held()).lower()}")

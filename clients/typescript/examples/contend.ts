@@ -1,7 +1,7 @@
 // Takes a session-bound hold on a lock and answers commands on stdin, one a line: `held`
-// prints whether it is still held, `await-loss` waits until it is not, `release` releases
-// it and exits. End of input exits without releasing (the process's end lets go). A refused
-// acquire prints `error CODE` and exits 3.
+// prints whether it is still held, `await-loss` waits until it is not (and says why),
+// `release` releases it and exits. End of input exits without releasing (the process's end
+// lets go). A refused acquire prints `error CODE` and exits 3.
 //
 // Usage: node dist/examples/contend.js LOCK WAIT_SECONDS  (the sidecar at $LEASEHOLD_URL)
 import { createInterface } from "node:readline";
@@ -24,8 +24,8 @@ for await (const command of createInterface({ input: process.stdin })) {
   if (command === "held") {
     console.log(`held ${hold.held()}`);
   } else if (command === "await-loss") {
-    await hold.lost;
-    console.log(`lost ${hold.held()}`);
+    const reason = await hold.lost;
+    console.log(`lost ${hold.held()} ${reason}`);
   } else if (command === "release") {
     await hold.release();
     console.log(`released ${hold.held()}`);

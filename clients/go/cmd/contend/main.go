@@ -1,7 +1,7 @@
 // Command contend takes a session-bound hold on a lock and answers commands on stdin, one
-// a line: `held` prints whether it is still held, `await-loss` waits until it is not,
-// `release` releases it and exits. End of input exits without releasing (the process's
-// end lets go). A refused acquire prints `error CODE` and exits 3.
+// a line: `held` prints whether it is still held, `await-loss` waits until it is not (and
+// says why), `release` releases it and exits. End of input exits without releasing (the
+// process's end lets go). A refused acquire prints `error CODE` and exits 3.
 //
 // Usage: contend LOCK WAIT_SECONDS  (the sidecar at $LEASEHOLD_URL)
 package main
@@ -47,7 +47,9 @@ func main() {
 			fmt.Printf("held %t\n", hold.Held())
 		case "await-loss":
 			<-hold.Lost()
-			fmt.Printf("lost %t\n", hold.Held())
+			var lost *leasehold.LostError
+			errors.As(hold.Err(), &lost)
+			fmt.Printf("lost %t %s\n", hold.Held(), lost.Reason)
 		case "release":
 			if err := hold.Release(); err != nil {
 				fmt.Fprintln(os.Stderr, err)

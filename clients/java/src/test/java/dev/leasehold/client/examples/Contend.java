@@ -10,9 +10,9 @@ import java.time.Duration;
 
 /**
  * Takes a session-bound hold on a lock and answers commands on stdin, one a line: {@code held}
- * prints whether it is still held, {@code await-loss} waits until it is not, {@code release}
- * releases it and exits. End of input exits without releasing (the process's end lets go). A
- * refused acquire prints {@code error CODE} and exits 3.
+ * prints whether it is still held, {@code await-loss} waits until it is not (and says why),
+ * {@code release} releases it and exits. End of input exits without releasing (the process's
+ * end lets go). A refused acquire prints {@code error CODE} and exits 3.
  *
  * <p>Usage: {@code java -cp ... dev.leasehold.client.examples.Contend LOCK WAIT_SECONDS} (the
  * sidecar at $LEASEHOLD_URL)
@@ -36,8 +36,8 @@ public final class Contend {
       switch (command) {
         case "held" -> System.out.println("held " + hold.held());
         case "await-loss" -> {
-          hold.lost().join();
-          System.out.println("lost " + hold.held());
+          String reason = hold.lost().join();
+          System.out.println("lost " + hold.held() + " " + reason);
         }
         case "release" -> {
           hold.release();
