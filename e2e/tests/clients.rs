@@ -53,9 +53,9 @@ fn build(language: &str, dir: &Path) -> Vec<String> {
             vec![path(binary)]
         }
         "python" => {
-            let mut pytest = Command::new("python3");
-            pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"]).env("PYTHONDONTWRITEBYTECODE", "1");
-            run(language, "pytest", &mut pytest);
+            let mut unittest = Command::new("python3");
+            unittest.args(["-m", "unittest", "discover", "-s", "tests", "-t", "."]).env("PYTHONDONTWRITEBYTECODE", "1");
+            run(language, "python3 -m unittest", &mut unittest);
             vec!["python3".into(), path(clients_dir(language).join("examples").join("contend.py"))]
         }
         "typescript" => {
