@@ -2,11 +2,11 @@
 //! sidecars on the real control plane. Each language is built once, running its own tests
 //! on the way (among them the check that every path and field it uses is in
 //! `docs/sidecar-api.yaml`); then its `contend` program, driven line by line over stdin,
-//! plays both sides of one lock: a holder sees "held", a try-lock gets the typed `timeout`
-//! error, a waiter is granted a higher token when the holder releases and again when a
-//! holder is SIGKILLed, a hold forced away is reported lost and no longer held, and a hold
-//! whose sidecar froze is counted lost by the client's own CLOCK_BOOTTIME check, with no
-//! word from the sidecar.
+//! plays both sides of one lock: a holder sees "held", refusals come as typed errors
+//! (`timeout`, `unknown_lock`, `invalid_lock_name`), a waiter is granted a higher token when
+//! the holder releases and again when a holder is SIGKILLed, a hold forced away is reported
+//! lost and no longer held, and a hold whose sidecar froze is counted lost by the client's
+//! own CLOCK_BOOTTIME check, with no word from the sidecar.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -168,13 +168,17 @@ async fn two_clients_take_turns(language: &str) {
     assert_eq!(held, "true", "held() right after the grant");
     assert_eq!(first.ask("held").await, ["held", "true"]);
 
-    // Refusals are typed: a try-lock on the held lock times out; an unknown lock is named.
+    // Refusals are typed: a try-lock on the held lock times out; an unknown lock and a name
+    // that is no DNS label are named as such.
     let mut try_lock = start(&sb, LOCK, "0");
     assert_eq!(try_lock.next(Duration::from_secs(30)).await, ["error", "timeout"]);
     assert_eq!(try_lock.exit_code().await, Some(3));
     let mut unknown = start(&sb, "no-such-lock", "0");
     assert_eq!(unknown.next(Duration::from_secs(30)).await, ["error", "unknown_lock"]);
     assert_eq!(unknown.exit_code().await, Some(3));
+    let mut bad_name = start(&sb, "Not_A_Label", "0");
+    assert_eq!(bad_name.next(Duration::from_secs(30)).await, ["error", "invalid_lock_name"]);
+    assert_eq!(bad_name.exit_code().await, Some(3));
 
     // The second waits; the first releases; the second is granted a higher token.
     let mut second = start(&sb, LOCK, "60");
