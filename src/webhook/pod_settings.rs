@@ -324,6 +324,9 @@ impl ResourceOverrides {
 mod tests {
     use super::*;
 
+    /// Annotations as written in a table row.
+    type Pairs<'a> = &'a [(&'a str, &'a str)];
+
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
@@ -334,7 +337,7 @@ mod tests {
 
     #[test]
     fn unknown_annotations_are_ignored_with_a_warning_naming_each() {
-        let cases: [(&[(&str, &str)], &[&str]); 4] = [
+        let cases: [(Pairs, &[&str]); 4] = [
             (&[], &[]),
             (&[("example.com/x", "whatever")], &[]),
             (&[("leasehold.dev/hodl", "l")], &["leasehold.dev/hodl"]),
@@ -360,7 +363,7 @@ mod tests {
 
     #[test]
     fn malformed_known_annotations_are_denied_naming_annotation_value_and_what_is_accepted() {
-        let cases: [(&[(&str, &str)], &str, &str); 17] = [
+        let cases: [(Pairs, &str, &str); 17] = [
             (&[(ANNOTATION_HOLD, "Not_A_Lock")], "\"Not_A_Lock\"", "DNS label"),
             (&[(ANNOTATION_HOLD, "l"), (ANNOTATION_READY_WHEN_HOLDING, "yes")], "\"yes\"", "true or false"),
             (&[(ANNOTATION_API_PORT, "0")], "\"0\"", "1-65535"),
