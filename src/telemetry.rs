@@ -51,10 +51,16 @@ pub fn check_filter(filter: &str) -> Result<(), String> {
 
 /// Installs the global subscriber. Call once, at start.
 pub fn init(format: LogFormat) {
+    // Whatever the parser takes is used as given (a lone target included); what it refuses
+    // is said once logging is up, rather than silently replaced.
     let configured = std::env::var(EnvFilter::DEFAULT_ENV).ok();
-    let invalid = configured.as_deref().filter(|f| check_filter(f).is_err());
-    let filter = match configured.as_deref() {
-        Some(f) if invalid.is_none() => EnvFilter::new(f),
+    let parsed = configured.as_deref().map(|f| EnvFilter::builder().parse(f));
+    let invalid = match &parsed {
+        Some(Err(e)) => configured.as_deref().map(|f| format!("{f:?}: {e}")),
+        _ => None,
+    };
+    let filter = match parsed {
+        Some(Ok(filter)) => filter,
         _ => EnvFilter::new("info"),
     };
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
@@ -62,8 +68,8 @@ pub fn init(format: LogFormat) {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-    if let Some(f) = invalid {
-        tracing::warn!(filter = %f, "RUST_LOG is not a log filter; logging at info");
+    if let Some(problem) = invalid {
+        tracing::warn!(%problem, "RUST_LOG is not a log filter; logging at info");
     }
 }
 

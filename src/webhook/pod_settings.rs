@@ -244,11 +244,20 @@ fn ports_of(annotations: &BTreeMap<String, String>, declared: &[DeclaredPort]) -
 
 /// Checks `value` is a non-negative Kubernetes quantity such as `10m`, `64Mi` or `0.5`.
 pub fn check_quantity(value: &str) -> Result<(), String> {
-    // The parser reads a bare suffix ("Mi") as zero and accepts a sign; the Kubernetes
-    // grammar needs digits, and resources cannot be negative.
-    let starts_with_digit = value.starts_with(|c: char| c.is_ascii_digit() || c == '.');
+    // The parser is more lenient than Kubernetes in three ways, closed here: it reads a
+    // bare suffix ("Mi") as zero, accepts a sign (resources cannot be negative), and takes
+    // an exponent followed by a suffix ("1e3Mi"), which the apiserver refuses.
+    let suffix = value.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let has_digits = suffix.len() < value.len();
+    // An exponent ("e3", "E-2", not the exa suffixes "E" and "Ei") must end the value.
+    let exponent_then_suffix = match suffix.strip_prefix(['e', 'E']) {
+        Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-') => {
+            !rest.trim_start_matches(['+', '-']).trim_start_matches(|c: char| c.is_ascii_digit()).is_empty()
+        }
+        _ => false,
+    };
     match parse_quantity(value) {
-        Some(_) if starts_with_digit => Ok(()),
+        Some(_) if has_digits && !exponent_then_suffix => Ok(()),
         _ => Err(format!("{value:?} is not a Kubernetes quantity such as 100m, 0.5, 64Mi or 1Gi")),
     }
 }
@@ -487,10 +496,13 @@ mod tests {
 
     #[test]
     fn quantities_follow_the_kubernetes_grammar() {
-        for good in ["0", "1", "10m", "0.5", ".5", "100Mi", "1Gi", "2k", "1e3", "1500M"] {
+        for good in ["0", "1", "10m", "0.5", ".5", "100Mi", "1Gi", "2k", "1e3", "1E3", "1.5e-3", "1500M"] {
             assert_eq!(check_quantity(good), Ok(()), "{good}");
         }
-        for bad in ["", "Mi", "-1", "+1", "1x", "1 Mi", "lots", "1Mi ", "NaN", "inf"] {
+        for bad in [
+            "", "Mi", "-1", "+1", "1x", "1 Mi", "lots", "1Mi ", "NaN", "inf", "1e3Mi", "2E-1Ki", "0x10", "1_000",
+            "5.5.5",
+        ] {
             assert!(check_quantity(bad).is_err(), "{bad:?} accepted");
         }
     }
