@@ -1,14 +1,14 @@
 //! Per-pod sidecar settings through the real apiserver: annotations this version does not
 //! know admit the Pod with a warning its creator sees; log and resource annotations reach
-//! the injected sidecar over the controller's defaults; malformed ones are refused and
-//! nothing is stored.
+//! the injected sidecar over the controller's defaults, and the sidecar binary logs as they
+//! say; malformed ones are refused and nothing is stored.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use super::{denial, pod_json};
-use crate::support::Env;
+use super::{WAIT, denial, pod_json};
+use crate::support::{Env, LeaseholdProcess, free_port, leasehold_bin};
 
 fn sidecar_of(pod: &Pod) -> Container {
     let init = pod.spec.as_ref().and_then(|s| s.init_containers.clone()).unwrap_or_default();
@@ -175,5 +175,58 @@ async fn malformed_pod_settings_are_denied_naming_them_and_nothing_is_created() 
             assert!(message.contains(part), "{name} {annotations}: {message:?} does not say {part:?}");
         }
         assert!(pods.get_opt(name).await.expect("get").is_none(), "{name}: nothing was created");
+    }
+}
+
+/// The environment the webhook puts on the sidecar is what the binary reads: a sidecar
+/// started with the injected container's `RUST_LOG` and `LEASEHOLD_LOG_FORMAT` logs JSON
+/// lines at the annotated level.
+#[tokio::test]
+async fn a_sidecar_started_with_the_injected_log_settings_logs_json_at_that_level() {
+    let env = Env::new("adm-podlog").await;
+    let _controller = env.webhook_controller(None, &["--sidecar-log-level=warn"]).await;
+    let pods: Api<Pod> = Api::namespaced(env.ns.client.clone(), env.name());
+    let injected = pods
+        .create(
+            &PostParams { dry_run: true, field_manager: None },
+            &pod_json(
+                "logs",
+                json!({"leasehold.dev/inject": "true"}),
+                json!({"leasehold.dev/log-level": "debug", "leasehold.dev/log-format": "json"}),
+            ),
+        )
+        .await
+        .expect("admitted");
+    let sidecar = sidecar_of(&injected);
+
+    // A sidecar process for a pod of the test namespace, with the injected log settings.
+    let pod = env.pod("logs").await;
+    let kubeconfig = env.log_dir().join("kubeconfig-logs");
+    env.ns.kubeconfig_for_token(&pod.token, &kubeconfig).expect("kubeconfig");
+    let api = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut command = std::process::Command::new(leasehold_bin());
+    command
+        .args(["sidecar", "--listen", &api.to_string(), "--admin-addr", &admin.to_string()])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", env.name())
+        .env("POD_NAME", &pod.name)
+        .env("POD_UID", &pod.uid)
+        .env_remove("RUST_LOG")
+        .env_remove("LEASEHOLD_LOG_FORMAT");
+    for name in ["RUST_LOG", "LEASEHOLD_LOG_FORMAT"] {
+        command.env(name, env_value(&sidecar, name).unwrap_or_else(|| panic!("{name} injected")));
+    }
+    let process = LeaseholdProcess::spawn(&format!("sidecar-logs-{}", api.port()), command, admin);
+    let log = process.process.as_ref().expect("running").log().to_path_buf();
+    leasehold_harness::eventually("the sidecar logs at debug", WAIT, || async {
+        let text = std::fs::read_to_string(&log).map_err(|e| e.to_string())?;
+        if text.contains("\"level\":\"DEBUG\"") { Ok(()) } else { Err(process.log_tail(5)) }
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).expect("read the log");
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let parsed: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(parsed["level"].is_string(), "{line}");
     }
 }
