@@ -4,37 +4,26 @@
 //! init container with `restartPolicy: Always`, first, so it runs before the other init
 //! containers and outlives the app containers), with the pod's identity from the downward
 //! API and its own projected, Pod-bound service-account token. Injection is idempotent:
-//! a Pod that already has the sidecar gets no patch. A malformed `leasehold.dev/*`
-//! annotation is refused with a message naming it.
-
-use std::collections::BTreeMap;
+//! a Pod that already has the sidecar gets no patch. The Pod's `leasehold.dev/*`
+//! annotations ([`pod_settings`]) adjust the sidecar: a malformed one is refused with a
+//! message naming it, an unknown one is ignored with a warning.
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use crate::crd::{ANNOTATION_HOLD, LABEL_INJECT};
+use crate::crd::LABEL_INJECT;
 
 /// Name of the injected container.
 pub const SIDECAR_NAME: &str = "leasehold-sidecar";
 /// Where the hold-mode file is, in every container of an injected pod.
 pub const RUN_DIR: &str = "/var/run/leasehold";
-/// Annotation: report the sidecar ready only while it holds (hold mode).
-pub const ANNOTATION_READY_WHEN_HOLDING: &str = "leasehold.dev/ready-when-holding";
-/// Annotation: the lock API port (default 7070; choose per pod with hostNetwork).
-pub const ANNOTATION_API_PORT: &str = "leasehold.dev/api-port";
-/// Annotation: the admin port (default 7071).
-pub const ANNOTATION_ADMIN_PORT: &str = "leasehold.dev/admin-port";
-/// Annotation: hold mode gives leadership up when an app container has not been running
-/// and ready for this long (a duration such as `10s`).
-pub const ANNOTATION_HOLD_APP_DOWN_AFTER: &str = "leasehold.dev/hold-app-down-after";
-/// The `leasehold.dev/*` annotations a Pod may carry.
-const KNOWN: [&str; 5] = [
-    ANNOTATION_HOLD,
-    ANNOTATION_READY_WHEN_HOLDING,
-    ANNOTATION_API_PORT,
-    ANNOTATION_ADMIN_PORT,
-    ANNOTATION_HOLD_APP_DOWN_AFTER,
-];
+use super::pod_settings::{self, DeclaredPort};
+pub use super::pod_settings::{
+    ANNOTATION_ADMIN_PORT, ANNOTATION_API_PORT, ANNOTATION_CPU_LIMIT, ANNOTATION_CPU_REQUEST,
+    ANNOTATION_HOLD_APP_DOWN_AFTER, ANNOTATION_LOG_FORMAT, ANNOTATION_LOG_LEVEL, ANNOTATION_MEMORY_LIMIT,
+    ANNOTATION_MEMORY_REQUEST, ANNOTATION_READY_WHEN_HOLDING, PodOptions,
+};
+use crate::telemetry::LogFormat;
 
 /// What the injected sidecar looks like (from the controller's configuration).
 #[derive(Clone, Debug, PartialEq)]
@@ -45,6 +34,10 @@ pub struct Template {
     pub resources: Value,
     /// Lifetime of the projected token, seconds.
     pub token_expiration_seconds: i64,
+    /// The sidecar's log filter (`RUST_LOG`); the binary's default when unset.
+    pub log_level: Option<String>,
+    /// The sidecar's log format (`LEASEHOLD_LOG_FORMAT`); the binary's default when unset.
+    pub log_format: Option<LogFormat>,
 }
 
 impl Default for Template {
@@ -53,89 +46,18 @@ impl Default for Template {
             image: "ghcr.io/leasehold/leasehold:0.1.0".into(),
             resources: json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}}),
             token_expiration_seconds: 3600,
+            log_level: None,
+            log_format: None,
         }
     }
-}
-
-/// The sidecar settings a Pod asks for through annotations.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PodOptions {
-    /// Hold mode: the lock to hold.
-    pub hold: Option<String>,
-    /// Readiness follows holding.
-    pub ready_when_holding: bool,
-    /// Lock API port.
-    pub api_port: u16,
-    /// Admin port.
-    pub admin_port: u16,
-    /// Hold mode: give leadership up after the app has been down this long (as given).
-    pub hold_app_down_after: Option<String>,
-}
-
-fn port(annotations: &BTreeMap<String, String>, key: &str, default: u16) -> Result<u16, String> {
-    match annotations.get(key) {
-        None => Ok(default),
-        Some(v) => v
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("annotation {key}: {v:?} is not a port number (1-65535)")),
-    }
-}
-
-/// Reads and checks a Pod's `leasehold.dev/*` annotations.
-pub fn pod_options(annotations: &BTreeMap<String, String>) -> Result<PodOptions, String> {
-    for key in annotations.keys().filter(|k| k.starts_with("leasehold.dev/")) {
-        if !KNOWN.contains(&key.as_str()) {
-            return Err(format!("unknown annotation {key}; known: {}", KNOWN.join(", ")));
-        }
-    }
-    let hold = match annotations.get(ANNOTATION_HOLD) {
-        None => None,
-        Some(lock) => {
-            crate::sidecar::api::validate_lock_name(lock)
-                .map_err(|_| format!("annotation {ANNOTATION_HOLD}: {lock:?} is not a lock name (a DNS label)"))?;
-            Some(lock.clone())
-        }
-    };
-    let ready_when_holding = match annotations.get(ANNOTATION_READY_WHEN_HOLDING).map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(format!("annotation {ANNOTATION_READY_WHEN_HOLDING}: {other:?} is not true or false"));
-        }
-    };
-    if ready_when_holding && hold.is_none() {
-        return Err(format!("annotation {ANNOTATION_READY_WHEN_HOLDING} needs {ANNOTATION_HOLD}"));
-    }
-    let api_port = port(annotations, ANNOTATION_API_PORT, 7070)?;
-    let admin_port = port(annotations, ANNOTATION_ADMIN_PORT, 7071)?;
-    if api_port == admin_port {
-        return Err(format!("annotations {ANNOTATION_API_PORT} and {ANNOTATION_ADMIN_PORT} must differ"));
-    }
-    let hold_app_down_after = match annotations.get(ANNOTATION_HOLD_APP_DOWN_AFTER) {
-        None => None,
-        Some(_) if hold.is_none() => {
-            return Err(format!("annotation {ANNOTATION_HOLD_APP_DOWN_AFTER} needs {ANNOTATION_HOLD}"));
-        }
-        Some(value) => match crate::controller::parse_duration(value) {
-            Ok(d) if !d.is_zero() => Some(value.clone()),
-            _ => {
-                return Err(format!(
-                    "annotation {ANNOTATION_HOLD_APP_DOWN_AFTER}: {value:?} is not a positive duration such as 10s"
-                ));
-            }
-        },
-    };
-    Ok(PodOptions { hold, ready_when_holding, api_port, admin_port, hold_app_down_after })
 }
 
 fn field_env(name: &str, path: &str) -> Value {
     json!({"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}})
 }
 
-/// The sidecar container.
-pub fn sidecar_container(template: &Template, options: &PodOptions) -> Value {
+/// The sidecar container, with its `resources` (the template's with the Pod's overrides).
+pub fn sidecar_container(template: &Template, options: &PodOptions, resources: Value) -> Value {
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -148,6 +70,12 @@ pub fn sidecar_container(template: &Template, options: &PodOptions) -> Value {
     }
     if let Some(after) = &options.hold_app_down_after {
         env.push(json!({"name": "LEASEHOLD_HOLD_APP_DOWN_AFTER", "value": after}));
+    }
+    if let Some(level) = options.log_level.as_ref().or(template.log_level.as_ref()) {
+        env.push(json!({"name": "RUST_LOG", "value": level}));
+    }
+    if let Some(format) = options.log_format.or(template.log_format) {
+        env.push(json!({"name": "LEASEHOLD_LOG_FORMAT", "value": format.as_str()}));
     }
     json!({
         "name": SIDECAR_NAME,
@@ -166,7 +94,7 @@ pub fn sidecar_container(template: &Template, options: &PodOptions) -> Value {
         "startupProbe": {"httpGet": {"path": "/healthz", "port": options.admin_port}, "periodSeconds": 1, "failureThreshold": 120},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": options.admin_port}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": options.admin_port}, "periodSeconds": 10},
-        "resources": template.resources,
+        "resources": resources,
         "securityContext": {
             "runAsNonRoot": true,
             "runAsUser": 65532,
@@ -204,29 +132,55 @@ fn append(ops: &mut Vec<Value>, path: &str, present: bool, items: Vec<Value>) {
     }
 }
 
-/// The JSON patch that injects the sidecar into `pod`: `Ok(None)` when the Pod did not
-/// opt in or already has it; `Err` names a malformed annotation.
-pub fn inject(pod: &Pod, template: &Template) -> Result<Option<json_patch::Patch>, String> {
+/// What admitting a Pod does: the patch (none when the Pod did not opt in or already has
+/// the sidecar) and warnings for whoever created it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Injection {
+    /// The JSON patch adding the sidecar.
+    pub patch: Option<json_patch::Patch>,
+    /// One line per ignored annotation.
+    pub warnings: Vec<String>,
+}
+
+/// The ports the Pod's own containers declare (the sidecar's excluded: a Pod created from
+/// an injected spec carries it).
+fn declared_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<DeclaredPort> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .filter(|c| c.name != SIDECAR_NAME)
+        .flat_map(|c| {
+            c.ports.iter().flatten().map(|p| DeclaredPort { container: c.name.clone(), port: p.container_port })
+        })
+        .collect()
+}
+
+/// Injects the sidecar into `pod`: the patch and the warnings, or `Err` naming a
+/// malformed annotation.
+pub fn inject(pod: &Pod, template: &Template) -> Result<Injection, String> {
     let opted_in = pod.metadata.labels.as_ref().and_then(|l| l.get(LABEL_INJECT)).map(String::as_str) == Some("true");
     if !opted_in {
-        return Ok(None);
+        return Ok(Injection::default());
     }
-    let options = pod_options(&pod.metadata.annotations.clone().unwrap_or_default())?;
     let spec = pod.spec.clone().unwrap_or_default();
+    let settings = pod_settings::read(&pod.metadata.annotations.clone().unwrap_or_default(), &declared_ports(&spec))?;
+    let (options, warnings) = (settings.options, settings.warnings);
+    let resources = pod_settings::resources(&template.resources, &options.resources)?;
     let has_sidecar =
         spec.init_containers.iter().flatten().chain(spec.containers.iter()).any(|c| c.name == SIDECAR_NAME);
     if has_sidecar {
-        return Ok(None);
+        return Ok(Injection { patch: None, warnings });
     }
     let mut ops = Vec::new();
     match &spec.init_containers {
         Some(existing) if !existing.is_empty() => {
             ops.push(
-                json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar_container(template, &options)}),
+                json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar_container(template, &options, resources)}),
             );
         }
         _ => ops.push(
-            json!({"op": "add", "path": "/spec/initContainers", "value": [sidecar_container(template, &options)]}),
+            json!({"op": "add", "path": "/spec/initContainers", "value": [sidecar_container(template, &options, resources)]}),
         ),
     }
     append(&mut ops, "/spec/volumes", spec.volumes.as_ref().is_some_and(|v| !v.is_empty()), volumes(template).into());
@@ -247,12 +201,13 @@ pub fn inject(pod: &Pod, template: &Template) -> Result<Option<json_patch::Patch
     }
     let patch =
         serde_json::from_value(Value::Array(ops)).map_err(|e| format!("internal error building the patch: {e}"))?;
-    Ok(Some(patch))
+    Ok(Injection { patch: Some(patch), warnings })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::ANNOTATION_HOLD;
 
     fn pod(spec: Value, labels: Value, annotations: Value) -> Pod {
         serde_json::from_value(json!({
@@ -325,7 +280,8 @@ mod tests {
         ];
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/webhook/testdata/inject");
         for (name, pod) in cases {
-            let patch = inject(&pod, &Template::default()).expect("injects");
+            let Injection { patch, warnings } = inject(&pod, &Template::default()).expect("injects");
+            assert!(warnings.is_empty(), "{name}: {warnings:?}");
             let actual = serde_json::to_string_pretty(&patch).expect("serializes") + "\n";
             let path = dir.join(format!("{name}.json"));
             if std::env::var_os("UPDATE_GOLDEN").is_some() {
@@ -344,11 +300,15 @@ mod tests {
                 // Injecting the patched pod again changes nothing.
                 let again: Pod = {
                     let mut doc = serde_json::to_value(&pod).expect("pod json");
-                    json_patch::patch(&mut doc, &inject(&pod, &Template::default()).expect("ok").expect("patch"))
+                    json_patch::patch(&mut doc, &inject(&pod, &Template::default()).expect("ok").patch.expect("patch"))
                         .expect("applies");
                     serde_json::from_value(doc).expect("pod")
                 };
-                assert_eq!(inject(&again, &Template::default()), Ok(None), "{name}: injection is not idempotent");
+                assert_eq!(
+                    inject(&again, &Template::default()),
+                    Ok(Injection::default()),
+                    "{name}: injection is not idempotent"
+                );
             }
         }
     }
@@ -365,7 +325,10 @@ mod tests {
             (json!({ANNOTATION_HOLD_APP_DOWN_AFTER: "10s"}), ANNOTATION_HOLD_APP_DOWN_AFTER),
             (json!({ANNOTATION_HOLD: "l", ANNOTATION_HOLD_APP_DOWN_AFTER: "soon"}), ANNOTATION_HOLD_APP_DOWN_AFTER),
             (json!({ANNOTATION_HOLD: "l", ANNOTATION_HOLD_APP_DOWN_AFTER: "0s"}), ANNOTATION_HOLD_APP_DOWN_AFTER),
-            (json!({"leasehold.dev/hodl": "l"}), "leasehold.dev/hodl"),
+            (json!({ANNOTATION_LOG_LEVEL: "loud"}), ANNOTATION_LOG_LEVEL),
+            (json!({ANNOTATION_LOG_FORMAT: "xml"}), ANNOTATION_LOG_FORMAT),
+            (json!({ANNOTATION_MEMORY_LIMIT: "lots"}), ANNOTATION_MEMORY_LIMIT),
+            (json!({ANNOTATION_MEMORY_REQUEST: "1Gi"}), ANNOTATION_MEMORY_REQUEST),
         ];
         for (annotations, named) in cases {
             let p = pod(json!({"containers": [app()]}), json!({LABEL_INJECT: "true"}), annotations.clone());
@@ -375,6 +338,115 @@ mod tests {
         // Annotations of other owners are none of our business.
         let p =
             pod(json!({"containers": [app()]}), json!({LABEL_INJECT: "true"}), json!({"example.com/x": "whatever"}));
-        assert!(inject(&p, &Template::default()).expect("ok").is_some());
+        let injection = inject(&p, &Template::default()).expect("ok");
+        assert!(injection.patch.is_some() && injection.warnings.is_empty(), "{injection:?}");
+    }
+
+    /// An annotation of a newer version (or a typo) no longer refuses the Pod: it is
+    /// injected with the settings this version knows, and the warning names what was ignored.
+    #[test]
+    fn unknown_annotations_are_injected_with_a_warning() {
+        let p = pod(
+            json!({"containers": [app()]}),
+            json!({LABEL_INJECT: "true"}),
+            json!({"leasehold.dev/hodl": "l", ANNOTATION_HOLD: "leader"}),
+        );
+        let injection = inject(&p, &Template::default()).expect("admitted");
+        let known =
+            pod(json!({"containers": [app()]}), json!({LABEL_INJECT: "true"}), json!({ANNOTATION_HOLD: "leader"}));
+        assert_eq!(
+            injection.patch,
+            inject(&known, &Template::default()).expect("ok").patch,
+            "the known settings apply"
+        );
+        assert_eq!(injection.warnings.len(), 1, "{:?}", injection.warnings);
+        assert!(
+            injection.warnings[0].contains("leasehold.dev/hodl") && injection.warnings[0].contains("ignored"),
+            "{:?}",
+            injection.warnings
+        );
+        // A Pod that already has the sidecar still hears about it.
+        let present = pod(
+            json!({"initContainers": [{"name": SIDECAR_NAME, "image": "x", "restartPolicy": "Always"}], "containers": [app()]}),
+            json!({LABEL_INJECT: "true"}),
+            json!({"leasehold.dev/hodl": "l"}),
+        );
+        let injection = inject(&present, &Template::default()).expect("admitted");
+        assert_eq!((injection.patch, injection.warnings.len()), (None, 1));
+        // A Pod that did not opt in is not ours to warn about.
+        let other = pod(json!({"containers": [app()]}), json!({}), json!({"leasehold.dev/hodl": "l"}));
+        assert_eq!(inject(&other, &Template::default()), Ok(Injection::default()));
+    }
+
+    /// The sidecar a Pod gets, after its patch is applied.
+    fn injected_sidecar(p: &Pod, template: &Template) -> k8s_openapi::api::core::v1::Container {
+        let patch = inject(p, template).expect("admitted").patch.expect("a patch");
+        let mut doc = serde_json::to_value(p).expect("pod json");
+        json_patch::patch(&mut doc, &patch).expect("applies");
+        let patched: Pod = serde_json::from_value(doc).expect("a pod");
+        patched.spec.expect("spec").init_containers.expect("init")[0].clone()
+    }
+
+    fn env_of(sidecar: &k8s_openapi::api::core::v1::Container, name: &str) -> Option<String> {
+        sidecar.env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.clone())
+    }
+
+    #[test]
+    fn log_settings_come_from_the_pod_then_the_controller_then_the_binary() {
+        let controller =
+            Template { log_level: Some("warn".into()), log_format: Some(LogFormat::Json), ..Template::default() };
+        type Case<'a> = (&'a Template, Value, Option<&'a str>, Option<&'a str>);
+        let cases: [Case; 4] = [
+            (&Template::default(), json!({}), None, None),
+            (&controller, json!({}), Some("warn"), Some("json")),
+            (
+                &controller,
+                json!({ANNOTATION_LOG_LEVEL: "info,leasehold=debug", ANNOTATION_LOG_FORMAT: "plain"}),
+                Some("info,leasehold=debug"),
+                Some("plain"),
+            ),
+            (&Template::default(), json!({ANNOTATION_LOG_LEVEL: "trace"}), Some("trace"), None),
+        ];
+        for (template, annotations, level, format) in cases {
+            let p = pod(json!({"containers": [app()]}), json!({LABEL_INJECT: "true"}), annotations.clone());
+            let sidecar = injected_sidecar(&p, template);
+            assert_eq!(env_of(&sidecar, "RUST_LOG").as_deref(), level, "{annotations}");
+            assert_eq!(env_of(&sidecar, "LEASEHOLD_LOG_FORMAT").as_deref(), format, "{annotations}");
+        }
+    }
+
+    #[test]
+    fn resources_come_from_the_pod_over_the_controller() {
+        let p = pod(
+            json!({"containers": [app()]}),
+            json!({LABEL_INJECT: "true"}),
+            json!({ANNOTATION_CPU_REQUEST: "50m", ANNOTATION_MEMORY_LIMIT: "64Mi", ANNOTATION_CPU_LIMIT: "1"}),
+        );
+        let sidecar = injected_sidecar(&p, &Template::default());
+        let resources = serde_json::to_value(sidecar.resources.expect("resources")).expect("json");
+        assert_eq!(
+            resources,
+            json!({"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "64Mi"}})
+        );
+    }
+
+    #[test]
+    fn the_sidecar_ports_avoid_the_pods_declared_ports() {
+        let declaring = json!({"containers": [{"name": "app", "image": "app:1", "ports": [{"containerPort": 7070}]}]});
+        let error = inject(&pod(declaring.clone(), json!({LABEL_INJECT: "true"}), json!({})), &Template::default())
+            .expect_err("denied");
+        assert!(error.contains(ANNOTATION_API_PORT) && error.contains("container app"), "{error}");
+        let moved = pod(declaring, json!({LABEL_INJECT: "true"}), json!({ANNOTATION_API_PORT: "7072"}));
+        let sidecar = injected_sidecar(&moved, &Template::default());
+        assert_eq!(sidecar.args.expect("args")[2], "127.0.0.1:7072");
+        // A Pod created from an injected spec keeps the sidecar's own port without a conflict.
+        let present = pod(
+            json!({"initContainers": [{"name": SIDECAR_NAME, "image": "x", "restartPolicy": "Always",
+                                       "ports": [{"name": "leasehold-admin", "containerPort": 7071}]}],
+                   "containers": [app()]}),
+            json!({LABEL_INJECT: "true"}),
+            json!({}),
+        );
+        assert_eq!(inject(&present, &Template::default()), Ok(Injection::default()));
     }
 }

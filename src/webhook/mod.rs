@@ -1,5 +1,5 @@
 //! The admission webhooks, served by every controller replica (not gated by leadership):
-//! sidecar injection ([`inject`]), audited and targeted force release ([`force`], and
+//! sidecar injection ([`inject`], configured per pod by [`pod_settings`]), audited and targeted force release ([`force`], and
 //! the requests and approvals of [`request`]), and
 //! resource-side fencing of Kubernetes objects ([`fence`]), both reading a lock's state
 //! fresh ([`lock`]). The guard is not served here: it is two ValidatingAdmissionPolicies
@@ -10,6 +10,7 @@ pub mod force;
 pub mod guard;
 pub mod inject;
 pub mod lock;
+pub mod pod_settings;
 pub mod request;
 pub mod server;
 pub mod tls;
@@ -41,14 +42,25 @@ pub struct Config {
         value_parser = parse_resources
     )]
     pub sidecar_resources: serde_json::Value,
+    /// Log filter of the injected sidecar (its `RUST_LOG`): a level such as `info`, or
+    /// directives such as `info,leasehold=debug`. Pods override it with the
+    /// `leasehold.dev/log-level` annotation. Unset: the sidecar logs at info.
+    #[arg(long, env = "LEASEHOLD_SIDECAR_LOG_LEVEL", value_parser = parse_filter)]
+    pub sidecar_log_level: Option<String>,
+    /// Log format of the injected sidecar. Pods override it with the
+    /// `leasehold.dev/log-format` annotation. Unset: plain.
+    #[arg(long, env = "LEASEHOLD_SIDECAR_LOG_FORMAT", value_enum)]
+    pub sidecar_log_format: Option<crate::telemetry::LogFormat>,
 }
 
 fn parse_resources(s: &str) -> Result<serde_json::Value, String> {
     let value: serde_json::Value = serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))?;
-    let resources: k8s_openapi::api::core::v1::ResourceRequirements =
-        serde_json::from_value(value.clone()).map_err(|e| format!("not a resources object: {e}"))?;
-    let _ = resources;
+    pod_settings::check_default_resources(&value)?;
     Ok(value)
+}
+
+fn parse_filter(s: &str) -> Result<String, String> {
+    crate::telemetry::check_filter(s).map(|()| s.to_owned())
 }
 
 impl Config {
@@ -57,6 +69,8 @@ impl Config {
         inject::Template {
             image: self.sidecar_image.clone(),
             resources: self.sidecar_resources.clone(),
+            log_level: self.sidecar_log_level.clone(),
+            log_format: self.sidecar_log_format,
             ..Default::default()
         }
     }

@@ -53,7 +53,19 @@ fn deny(request: &AdmissionRequest<DynamicObject>, message: String) -> Review {
 }
 
 fn with_patch(request: &AdmissionRequest<DynamicObject>, patch: Option<json_patch::Patch>) -> Review {
-    let response = AdmissionResponse::from(request);
+    with_patch_and_warnings(request, patch, Vec::new())
+}
+
+/// Admits with `patch`; `warnings` reach whoever made the request (kubectl prints them).
+fn with_patch_and_warnings(
+    request: &AdmissionRequest<DynamicObject>,
+    patch: Option<json_patch::Patch>,
+    warnings: Vec<String>,
+) -> Review {
+    let mut response = AdmissionResponse::from(request);
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
     match patch {
         None => respond(response),
         Some(patch) => match response.with_patch(patch) {
@@ -74,7 +86,12 @@ async fn mutate_pods(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -
         Err(e) => return deny(&request, format!("not a Pod: {e}")),
     };
     match inject::inject(&pod, &hooks.template) {
-        Ok(patch) => with_patch(&request, patch),
+        Ok(injection) => {
+            if !injection.warnings.is_empty() {
+                debug!(name = %request.name, warnings = ?injection.warnings, "admitted with warnings");
+            }
+            with_patch_and_warnings(&request, injection.patch, injection.warnings)
+        }
         Err(message) => deny(&request, message),
     }
 }

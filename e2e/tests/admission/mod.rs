@@ -2,11 +2,12 @@
 //! 127.0.0.1 with a CA bundle: injection and certificate rotation without restart here;
 //! the guard policies ([`guard`]), client RBAC ([`rbac`]), fenced objects ([`fence`]) and audited,
 //! targeted force release ([`force`]), and force-release requests approved by a second
-//! person ([`requests`]).
+//! person ([`requests`]); per-pod sidecar settings ([`pod_settings`]).
 
 mod fence;
 mod force;
 mod guard;
+mod pod_settings;
 mod rbac;
 mod requests;
 

@@ -149,6 +149,9 @@ async fn the_default_rendering_is_restricted_highly_available_and_fails_closed()
         "--sidecar-image=ghcr.io/leasehold/leasehold:0.1.0",
         // The two-person rule by default (docs/guides/force-release.md).
         "--force-release-approvals=1",
+        // The sidecar logs as it did before the values existed.
+        "--sidecar-log-level=info",
+        "--sidecar-log-format=plain",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
     }
