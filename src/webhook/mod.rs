@@ -1,8 +1,8 @@
 //! The admission webhooks, served by every controller replica (not gated by leadership):
 //! sidecar injection ([`inject`]), audited and targeted force release ([`force`], and
 //! the requests and approvals of [`request`]), and
-//! resource-side fencing of Kubernetes objects ([`fence`]), both reading a lock's state
-//! fresh ([`lock`]). The guard is not served here: it is two ValidatingAdmissionPolicies
+//! resource-side fencing of Kubernetes objects ([`fence`], its refusals recorded as Events
+//! by [`refusals`]), both reading a lock's state fresh ([`lock`]). The guard is not served here: it is two ValidatingAdmissionPolicies
 //! in CEL, evaluated by the apiserver itself ([`guard`] writes them; the chart ships them).
 
 pub mod fence;
@@ -10,6 +10,7 @@ pub mod force;
 pub mod guard;
 pub mod inject;
 pub mod lock;
+pub mod refusals;
 pub mod request;
 pub mod server;
 pub mod tls;
