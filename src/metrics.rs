@@ -336,6 +336,8 @@ mod tests {
         w.stale_writes_refused.get_or_create(&ResourceLabel { resource: "configmaps".into() }).inc();
         w.requests.get_or_create(&WebhookOutcomeLabel { webhook: "fence", outcome: "denied" }).inc();
         w.request_seconds.get_or_create(&WebhookLabel { webhook: "fence" }).observe(0.01);
+        let (locks, _writer) = kube::runtime::reflector::store();
+        controller.register_collector(Box::new(crate::controller::oldest_hold::OldestHold { locks }));
 
         let mut sidecar = Registry::default();
         let apiserver = register_common(&mut sidecar);

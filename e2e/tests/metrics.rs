@@ -1,11 +1,15 @@
 //! What the controller and a sidecar export on their admin port, scraped from the real
 //! processes: the build, the process, and the requests their clients sent the apiserver.
 
-use leasehold::crd::DistributedLockSpec;
+use std::time::Duration;
 
+use leasehold::crd::{DistributedLock, DistributedLockSpec};
+
+use crate::support::watch::until;
 use crate::support::{Env, LeaseholdProcess};
 
 const LOCK: &str = "orders";
+const WAIT: Duration = Duration::from_secs(30);
 
 /// The sample lines of `/metrics` whose name (labels included) starts with `prefix`, with
 /// their values.
@@ -60,4 +64,38 @@ async fn the_controller_and_a_sidecar_export_build_process_and_apiserver_metrics
     assert_common_metrics(&sidecar.process).await;
     let (status, body) = sidecar.release(LOCK).await;
     assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn the_controller_exports_the_age_of_the_oldest_hold_and_zero_when_free() {
+    let env = Env::new("metrics-oldest").await;
+    let controller = env.controller(&[]).await;
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    let pod = env.pod("a").await;
+    env.wait_claim_rbac(&pod).await;
+    let name = "leasehold_controller_oldest_hold_seconds";
+    assert_eq!(controller.metric(name).await, Some(0.0), "nothing held yet");
+
+    let hold = pod.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    // The hold's age counts from the grant, recorded in the lock's status.
+    let token = hold.token();
+    until(&env.locks(), LOCK, WAIT, "the hold in the lock's status", move |l: &DistributedLock| {
+        l.status.as_ref().and_then(|s| s.holder.as_ref()).is_some_and(|h| h.fencing_token == token)
+    })
+    .await;
+    leasehold_harness::eventually("an oldest hold older than 0 s", WAIT, || async {
+        match controller.metric(name).await {
+            Some(age) if age > 0.0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    hold.release().await;
+    leasehold_harness::eventually("no hold", WAIT, || async {
+        match controller.metric(name).await {
+            Some(0.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }

@@ -21,6 +21,7 @@ pub mod finalize;
 pub mod force;
 pub mod force_requests;
 pub mod lock_lease;
+pub mod oldest_hold;
 pub mod pods;
 pub mod queue;
 pub mod rbac;
@@ -211,6 +212,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .applied_objects()
         .filter(only_objects);
     let controller = Controller::for_stream(lock_stream, locks.clone());
+    registry.register_collector(Box::new(oldest_hold::OldestHold { locks: locks.clone() }));
 
     let reporter = Reporter { controller: crate::crd::MANAGER_CONTROLLER.into(), instance: Some(identity.clone()) };
     let ctx = Arc::new(Context {
