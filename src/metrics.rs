@@ -9,14 +9,34 @@ use prometheus_client::registry::Registry;
 
 mod process;
 
-/// Latency buckets in seconds: 1 ms to ~65 s.
+/// Buckets of apiserver round trips, handoffs, renewals and reconciles, in seconds:
+/// 0.5 ms to 30 s, with steps of 1 ms up to 3 ms and about 1.5× to 100 ms (a Lease
+/// compare-and-swap takes ~1.6 ms, a handoff 3–15 ms), then coarse up to timeouts.
+pub const MILLISECONDS: [f64; 20] = [
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0,
+];
+
+/// Buckets of a sidecar's acquire, in seconds: [`MILLISECONDS`] (an uncontended acquire
+/// takes 8–20 ms), then up to an hour (the longest wait a sidecar accepts by default).
+pub const ACQUIRE: [f64; 24] = [
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// Buckets of waits and holds, in seconds: 10 ms to a week, finer around a lease
+/// duration (a failover waits ~15 s) and at every human scale (minutes, hours, days).
+pub const SECONDS_TO_DAYS: [f64; 25] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+    3600.0, 7200.0, 21600.0, 43200.0, 86400.0, 259200.0, 604800.0,
+];
+
 fn latency_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+    MILLISECONDS.into_iter()
 }
 
-/// Hold and wait buckets in seconds: 10 ms to ~3 days.
 fn long_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(0.01, 4.0, 13)
+    SECONDS_TO_DAYS.into_iter()
 }
 
 /// Why the controller took a hold away.
@@ -161,7 +181,7 @@ impl ClientMetrics {
 
     fn new() -> ClientMetrics {
         ClientMetrics {
-            acquire_seconds: Histogram::new(long_buckets()),
+            acquire_seconds: Histogram::new(ACQUIRE),
             renew_seconds: Histogram::new(latency_buckets()),
             renew_failures: Counter::default(),
             lost: Counter::default(),
@@ -397,6 +417,31 @@ mod tests {
         }
         for reason in crate::controller::events::EVENT_REASONS {
             assert!(doc.contains(&format!("| `{reason}` |")), "docs/metrics.md does not document the Event {reason}");
+        }
+    }
+
+    /// Each histogram has resolution where docs/benchmarks.md measured it.
+    #[test]
+    fn buckets_resolve_the_measured_ranges() {
+        // (buckets, a measured range (low, high), buckets at least within it)
+        let cases: [(&[f64], (f64, f64), usize); 6] = [
+            // Lease-level handoff p50..max.
+            (&MILLISECONDS, (0.0027, 0.014), 4),
+            // One Lease compare-and-swap (a renewal, an apiserver write) p50..p99.
+            (&MILLISECONDS, (0.0015, 0.0025), 1),
+            // Uncontended acquire via a sidecar p50..max.
+            (&ACQUIRE, (0.008, 0.021), 3),
+            // A contended acquire: up to the default longest wait.
+            (&ACQUIRE, (1.0, 3600.0), 6),
+            // Waits after a crash: around a 15 s lease duration.
+            (&SECONDS_TO_DAYS, (14.0, 16.0), 1),
+            // Holds: seconds to days.
+            (&SECONDS_TO_DAYS, (1.0, 86400.0), 15),
+        ];
+        for (buckets, (low, high), at_least) in cases {
+            assert!(buckets.windows(2).all(|w| w[0] < w[1]), "{buckets:?} increase");
+            let within = buckets.iter().filter(|b| (low..=high).contains(*b)).count();
+            assert!(within >= at_least, "{low}..{high}: {within} buckets in {buckets:?}");
         }
     }
 
