@@ -108,10 +108,11 @@ async fn three_claimants_are_granted_in_claim_order_with_increasing_tokens() {
 
     let table = kubectl_get_dlock(&env).await;
     let header: Vec<&str> = table.lines().next().expect("a header").split_whitespace().collect();
-    assert_eq!(header, ["NAME", "HOLDER", "TOKEN", "WAITERS", "HELD", "LAST-WAIT", "AGE"], "{table}");
+    assert_eq!(header, ["NAME", "READY", "HOLDER", "TOKEN", "WAITERS", "HELD", "LAST-WAIT", "AGE"], "{table}");
     let row = table.lines().nth(1).expect("a row");
     assert!(row.contains(&a.identity().id) && row.contains(&hold_a.token().to_string()), "{table}");
-    assert_eq!(row.split_whitespace().nth(3), Some("2"), "WAITERS column: {table}");
+    assert_eq!(row.split_whitespace().nth(1), Some("True"), "READY column: {table}");
+    assert_eq!(row.split_whitespace().nth(4), Some("2"), "WAITERS column: {table}");
 
     let tokens = [hold_a.token()];
     assert!(hold_a.release().await.was_held);
@@ -307,22 +308,6 @@ async fn two_replicas_elect_one_granter_and_fail_over() {
     assert_eq!(reporters.iter().filter(|r| **r == follower.name).count(), 1);
 }
 
-/// The cell of column `column` for lock `name`, as the apiserver prints it for
-/// `kubectl get dlock` (a server-side Table).
-async fn printed_column(env: &Env, name: &str, column: &str) -> String {
-    let url = format!("/apis/leasehold.dev/v1alpha1/namespaces/{}/distributedlocks/{name}", env.name());
-    let request = http::Request::get(url)
-        .header(http::header::ACCEPT, "application/json;as=Table;v=v1;g=meta.k8s.io")
-        .body(Vec::new())
-        .expect("a request");
-    let table: serde_json::Value = env.ns.client.request(request).await.expect("the lock as a Table");
-    let index = table["columnDefinitions"]
-        .as_array()
-        .and_then(|columns| columns.iter().position(|c| c["name"] == column))
-        .unwrap_or_else(|| panic!("no column {column} in {table}"));
-    table["rows"][0]["cells"][index].as_str().unwrap_or_else(|| panic!("no {column} cell in {table}")).to_owned()
-}
-
 #[tokio::test]
 async fn a_foreign_lease_is_reported_as_conflict_and_left_untouched() {
     let env = Env::new("conflict").await;
@@ -343,7 +328,10 @@ async fn a_foreign_lease_is_reported_as_conflict_and_left_untouched() {
     })
     .await;
     assert!(lock.status.expect("status").holder.is_none());
-    assert_eq!(printed_column(&env, LOCK, "Ready").await, "False", "`kubectl get dlock` shows it not Ready");
+    let table = kubectl_get_dlock(&env).await;
+    let header: Vec<&str> = table.lines().next().expect("a header").split_whitespace().collect();
+    let row: Vec<&str> = table.lines().nth(1).expect("a row").split_whitespace().collect();
+    assert_eq!((header[1], row[1]), ("READY", "False"), "`kubectl get dlock` shows it not Ready:\n{table}");
     let after = env.leases().get(LOCK).await.expect("the foreign lease");
     assert_eq!(after.resource_version(), foreign.resource_version(), "the foreign lease was modified");
     assert!(after.owner_references().is_empty());
