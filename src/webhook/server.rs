@@ -507,8 +507,8 @@ mod tests {
 
     #[test]
     fn the_outcome_follows_the_answer() {
-        let allowed = respond(AdmissionResponse::invalid("x").deny("no"));
-        assert_eq!(allowed.outcome, Outcome::Denied);
+        let refused = respond(AdmissionResponse::invalid("x").deny("no"));
+        assert_eq!(refused.outcome, Outcome::Denied);
         assert_eq!(invalid("bad".into()).outcome, Outcome::Error);
         let labels = [Outcome::Allowed, Outcome::Denied, Outcome::Error].map(Outcome::label);
         assert_eq!(labels, ["allowed", "denied", "error"]);
