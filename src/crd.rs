@@ -116,6 +116,7 @@ fn default_retry_period() -> i32 {
     category = "leasehold",
     derive = "PartialEq",
     doc = "A fair, fenced distributed lock granted by the Leasehold controller.",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
     printcolumn(name = "Waiters", type_ = "integer", json_path = ".status.queueLength"),

@@ -7,14 +7,36 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram};
 use prometheus_client::registry::Registry;
 
-/// Latency buckets in seconds: 1 ms to ~65 s.
+mod process;
+
+/// Buckets of apiserver round trips, handoffs, renewals and reconciles, in seconds:
+/// 0.5 ms to 30 s, with steps of 1 ms up to 3 ms and about 1.5× to 100 ms (a Lease
+/// compare-and-swap takes ~1.6 ms, a handoff 3–15 ms), then coarse up to timeouts.
+pub const MILLISECONDS: [f64; 20] = [
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0,
+];
+
+/// Buckets of a sidecar's acquire, in seconds: [`MILLISECONDS`] (an uncontended acquire
+/// takes 8–20 ms), then up to an hour (the longest wait a sidecar accepts by default).
+pub const ACQUIRE: [f64; 24] = [
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// Buckets of waits and holds, in seconds: 10 ms to a week, finer around a lease
+/// duration (a failover waits ~15 s) and at every human scale (minutes, hours, days).
+pub const SECONDS_TO_DAYS: [f64; 25] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+    3600.0, 7200.0, 21600.0, 43200.0, 86400.0, 259200.0, 604800.0,
+];
+
 fn latency_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+    MILLISECONDS.into_iter()
 }
 
-/// Hold and wait buckets in seconds: 10 ms to ~3 days.
 fn long_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(0.01, 4.0, 13)
+    SECONDS_TO_DAYS.into_iter()
 }
 
 /// Why the controller took a hold away.
@@ -159,7 +181,7 @@ impl ClientMetrics {
 
     fn new() -> ClientMetrics {
         ClientMetrics {
-            acquire_seconds: Histogram::new(long_buckets()),
+            acquire_seconds: Histogram::new(ACQUIRE),
             renew_seconds: Histogram::new(latency_buckets()),
             renew_failures: Counter::default(),
             lost: Counter::default(),
@@ -174,6 +196,139 @@ impl ClientMetrics {
     }
 }
 
+/// Label set for refused fenced writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    /// The written object's `group/resource` (`configmaps` for the core group).
+    pub resource: String,
+}
+
+/// Label set for admission requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookOutcomeLabel {
+    /// Which webhook: `fence`, `inject`, `force` or `request`.
+    pub webhook: &'static str,
+    /// `allowed`, `denied` or `error`.
+    pub outcome: &'static str,
+}
+
+/// Label set for admission latency.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabel {
+    /// Which webhook.
+    pub webhook: &'static str,
+}
+
+/// A histogram family whose histograms share one set of buckets.
+pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
+}
+
+/// The admission webhooks' metrics.
+pub struct WebhookMetrics {
+    /// Writes refused by the fence webhook, by the written object's resource.
+    pub stale_writes_refused: Family<ResourceLabel, Counter>,
+    /// `StaleWriteRefused` Events not recorded (the recorder was behind or failing).
+    pub refusal_events_dropped: Counter,
+    /// Admission requests answered, by webhook and outcome.
+    pub requests: Family<WebhookOutcomeLabel, Counter>,
+    /// Seconds to answer an admission request, by webhook.
+    pub request_seconds: Histograms<WebhookLabel>,
+}
+
+impl WebhookMetrics {
+    /// Metrics registered under `leasehold_webhook_`.
+    pub fn register(registry: &mut Registry) -> Arc<WebhookMetrics> {
+        let m = WebhookMetrics::unregistered();
+        let r = registry.sub_registry_with_prefix("leasehold_webhook");
+        r.register(
+            "stale_writes_refused",
+            "Writes refused by the fence webhook, by the written object's group/resource",
+            m.stale_writes_refused.clone(),
+        );
+        r.register(
+            "refusal_events_dropped",
+            "StaleWriteRefused Events not recorded because the recorder was behind or failing",
+            m.refusal_events_dropped.clone(),
+        );
+        r.register("requests", "Admission requests answered, by webhook and outcome", m.requests.clone());
+        r.register("request_seconds", "Seconds to answer an admission request, by webhook", m.request_seconds.clone());
+        Arc::new(m)
+    }
+
+    /// Metrics not exported (tests, and servers built without a registry).
+    pub fn unregistered() -> WebhookMetrics {
+        WebhookMetrics {
+            stale_writes_refused: Family::default(),
+            refusal_events_dropped: Counter::default(),
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(latency_histogram),
+        }
+    }
+}
+
+/// Label set for apiserver requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbCodeLabel {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete` (or `other`).
+    pub verb: &'static str,
+    /// The HTTP status code, or `error` when no answer came.
+    pub code: String,
+}
+
+/// Label set for apiserver latency.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabel {
+    /// As in [`VerbCodeLabel`].
+    pub verb: &'static str,
+}
+
+/// Metrics of a process's Kubernetes client.
+pub struct ApiserverMetrics {
+    /// Requests sent to the apiserver, by verb and answer.
+    pub requests: Family<VerbCodeLabel, Counter>,
+    /// Seconds from sending a request to its response headers, by verb (watches excluded).
+    pub request_seconds: Histograms<VerbLabel>,
+}
+
+impl ApiserverMetrics {
+    /// Metrics not exported (clients of the CLI and tests).
+    pub fn unregistered() -> ApiserverMetrics {
+        ApiserverMetrics {
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(latency_histogram),
+        }
+    }
+}
+
+/// Label set for the build.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    /// The crate version of this binary.
+    pub version: &'static str,
+}
+
+/// Registers what every long-running component exports: `leasehold_build_info`, the
+/// `process_*` metrics, and its Kubernetes client's `leasehold_apiserver_*` metrics
+/// (returned, for [`crate::kube_client::observed`]).
+pub fn register_common(registry: &mut Registry) -> Arc<ApiserverMetrics> {
+    let build: Family<VersionLabel, Gauge> = Family::default();
+    build.get_or_create(&VersionLabel { version: env!("CARGO_PKG_VERSION") }).set(1);
+    registry.sub_registry_with_prefix("leasehold").register("build_info", "1, labelled with the version", build);
+    registry.register_collector(Box::new(process::ProcessCollector));
+    let m = ApiserverMetrics::unregistered();
+    let r = registry.sub_registry_with_prefix("leasehold_apiserver");
+    r.register("requests", "Requests sent to the apiserver, by verb and HTTP status code", m.requests.clone());
+    r.register(
+        "request_seconds",
+        "Seconds from sending a request to the apiserver to its response, by verb (watches excluded)",
+        m.request_seconds.clone(),
+    );
+    Arc::new(m)
+}
+
 /// Renders a registry in the Prometheus text format.
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
@@ -186,29 +341,123 @@ pub fn render(registry: &Registry) -> String {
 mod tests {
     use super::*;
 
-    /// docs/metrics.md lists every metric family and every Event reason.
+    /// The registries of the controller and the sidecar as they build them, with one
+    /// sample in every labelled family (a family without samples is not rendered).
+    fn exported() -> String {
+        let mut controller = Registry::default();
+        let apiserver = register_common(&mut controller);
+        apiserver.requests.get_or_create(&VerbCodeLabel { verb: "get", code: "200".into() }).inc();
+        apiserver.request_seconds.get_or_create(&VerbLabel { verb: "get" }).observe(0.01);
+        let m = ControllerMetrics::register(&mut controller);
+        m.revocations.get_or_create(&ReasonLabel { reason: RevokeReason::Expired }).inc();
+        m.reconcile_errors.get_or_create(&CategoryLabel { category: "status".into() }).inc();
+        m.force_release_requests.get_or_create(&OutcomeLabel { outcome: "executed".into() }).inc();
+        let w = WebhookMetrics::register(&mut controller);
+        w.stale_writes_refused.get_or_create(&ResourceLabel { resource: "configmaps".into() }).inc();
+        w.requests.get_or_create(&WebhookOutcomeLabel { webhook: "fence", outcome: "denied" }).inc();
+        w.request_seconds.get_or_create(&WebhookLabel { webhook: "fence" }).observe(0.01);
+        let (locks, _writer) = kube::runtime::reflector::store();
+        controller.register_collector(Box::new(crate::controller::oldest_hold::OldestHold { locks }));
+
+        let mut sidecar = Registry::default();
+        let apiserver = register_common(&mut sidecar);
+        apiserver.requests.get_or_create(&VerbCodeLabel { verb: "get", code: "200".into() }).inc();
+        apiserver.request_seconds.get_or_create(&VerbLabel { verb: "get" }).observe(0.01);
+        ClientMetrics::register(&mut sidecar);
+        crate::sidecar::owner::OwnerMetrics::register(&mut sidecar)
+            .count(&crate::sidecar::owner::Ending::SessionClosed);
+        render(&controller) + &render(&sidecar)
+    }
+
+    /// The metric names in docs/metrics.md's metric tables (labels stripped).
+    fn documented(doc: &str) -> Vec<&str> {
+        let mut names = Vec::new();
+        let mut in_table = false;
+        for line in doc.lines() {
+            if line.starts_with("| metric |") {
+                in_table = true;
+            } else if !line.starts_with('|') {
+                in_table = false;
+            } else if in_table && let Some(cell) = line.strip_prefix("| `") {
+                let name = cell.split('`').next().unwrap_or_default();
+                names.push(name.split('{').next().unwrap_or_default());
+            }
+        }
+        names
+    }
+
+    /// docs/metrics.md lists every metric family and every Event reason, and names no
+    /// metric that is not exported.
     #[test]
     fn every_metric_is_documented() {
         let doc = include_str!("../docs/metrics.md");
-        let mut registry = Registry::default();
-        ControllerMetrics::register(&mut registry);
-        ClientMetrics::register(&mut registry);
-        let text = render(&registry);
+        let text = exported();
         let families: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split_whitespace().next())
             .collect();
-        // Labelled families without samples are not rendered; they are checked by name below.
-        assert!(families.len() >= 13, "{families:?}");
-        for labelled in ["leasehold_controller_revocations", "leasehold_controller_reconcile_errors"] {
-            assert!(doc.contains(&format!("`{labelled}")), "docs/metrics.md does not document {labelled}");
-        }
-        for family in families {
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .filter(|n| !n.is_empty())
+            .collect();
+        assert!(families.len() >= 30, "{families:?}");
+        for family in &families {
             assert!(doc.contains(&format!("`{family}")), "docs/metrics.md does not document {family}");
+        }
+        let named = documented(doc);
+        assert!(named.len() >= 30, "{named:?}");
+        for name in named {
+            assert!(
+                families.contains(&name) || samples.contains(&name),
+                "docs/metrics.md names {name}, which is not exported"
+            );
         }
         for reason in crate::controller::events::EVENT_REASONS {
             assert!(doc.contains(&format!("| `{reason}` |")), "docs/metrics.md does not document the Event {reason}");
         }
+    }
+
+    /// Each histogram has resolution where docs/benchmarks.md measured it.
+    #[test]
+    fn buckets_resolve_the_measured_ranges() {
+        // (buckets, a measured range (low, high), buckets at least within it)
+        let cases: [(&[f64], (f64, f64), usize); 6] = [
+            // Lease-level handoff p50..max.
+            (&MILLISECONDS, (0.0027, 0.014), 4),
+            // One Lease compare-and-swap (a renewal, an apiserver write) p50..p99.
+            (&MILLISECONDS, (0.0015, 0.0025), 1),
+            // Uncontended acquire via a sidecar p50..max.
+            (&ACQUIRE, (0.008, 0.021), 3),
+            // A contended acquire: up to the default longest wait.
+            (&ACQUIRE, (1.0, 3600.0), 6),
+            // Waits after a crash: around a 15 s lease duration.
+            (&SECONDS_TO_DAYS, (14.0, 16.0), 1),
+            // Holds: seconds to days.
+            (&SECONDS_TO_DAYS, (1.0, 86400.0), 15),
+        ];
+        for (buckets, (low, high), at_least) in cases {
+            assert!(buckets.windows(2).all(|w| w[0] < w[1]), "{buckets:?} increase");
+            let within = buckets.iter().filter(|b| (low..=high).contains(*b)).count();
+            assert!(within >= at_least, "{low}..{high}: {within} buckets in {buckets:?}");
+        }
+    }
+
+    #[test]
+    fn the_doc_tables_are_read() {
+        let doc =
+            "| metric | type |\n|---|---|\n| `a_total{x}` | counter |\n| `b` | gauge |\n\n| reason |\n| `C` | x |\n";
+        assert_eq!(documented(doc), ["a_total", "b"]);
+    }
+
+    #[test]
+    fn build_info_is_one_with_the_version() {
+        let mut registry = Registry::default();
+        register_common(&mut registry);
+        let text = render(&registry);
+        let line = format!("leasehold_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        assert!(text.lines().any(|l| l == line), "{line} not in {text}");
     }
 }

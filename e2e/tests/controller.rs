@@ -108,10 +108,11 @@ async fn three_claimants_are_granted_in_claim_order_with_increasing_tokens() {
 
     let table = kubectl_get_dlock(&env).await;
     let header: Vec<&str> = table.lines().next().expect("a header").split_whitespace().collect();
-    assert_eq!(header, ["NAME", "HOLDER", "TOKEN", "WAITERS", "HELD", "LAST-WAIT", "AGE"], "{table}");
+    assert_eq!(header, ["NAME", "READY", "HOLDER", "TOKEN", "WAITERS", "HELD", "LAST-WAIT", "AGE"], "{table}");
     let row = table.lines().nth(1).expect("a row");
     assert!(row.contains(&a.identity().id) && row.contains(&hold_a.token().to_string()), "{table}");
-    assert_eq!(row.split_whitespace().nth(3), Some("2"), "WAITERS column: {table}");
+    assert_eq!(row.split_whitespace().nth(1), Some("True"), "READY column: {table}");
+    assert_eq!(row.split_whitespace().nth(4), Some("2"), "WAITERS column: {table}");
 
     let tokens = [hold_a.token()];
     assert!(hold_a.release().await.was_held);
@@ -327,6 +328,10 @@ async fn a_foreign_lease_is_reported_as_conflict_and_left_untouched() {
     })
     .await;
     assert!(lock.status.expect("status").holder.is_none());
+    let table = kubectl_get_dlock(&env).await;
+    let header: Vec<&str> = table.lines().next().expect("a header").split_whitespace().collect();
+    let row: Vec<&str> = table.lines().nth(1).expect("a row").split_whitespace().collect();
+    assert_eq!((header[1], row[1]), ("READY", "False"), "`kubectl get dlock` shows it not Ready:\n{table}");
     let after = env.leases().get(LOCK).await.expect("the foreign lease");
     assert_eq!(after.resource_version(), foreign.resource_version(), "the foreign lease was modified");
     assert!(after.owner_references().is_empty());

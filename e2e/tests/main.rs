@@ -1,6 +1,6 @@
 //! End-to-end tests against a real kube-apiserver and etcd (see `e2e/harness`). One test
 //! binary, one control plane; every test works in its own namespace with its own
-//! Leasehold processes.
+//! Leasehold processes. [`metrics`] scrapes their admin ports.
 
 mod admission;
 mod chart;
@@ -11,6 +11,7 @@ mod demo;
 mod drain;
 mod examples;
 mod lease;
+mod metrics;
 mod sidecar;
 mod sidecar_api;
 mod sidecar_hold;

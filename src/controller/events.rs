@@ -13,8 +13,8 @@ use crate::crd::DistributedLock;
 use crate::lease::identity::PodRef;
 use crate::metrics::RevokeReason;
 
-/// Every Event reason the controller records.
-pub const EVENT_REASONS: [&str; 20] = [
+/// Every Event reason the controller records (its admission webhooks included).
+pub const EVENT_REASONS: [&str; 21] = [
     "Granted",
     "Released",
     "Expired",
@@ -35,6 +35,7 @@ pub const EVENT_REASONS: [&str; 20] = [
     "LeaseConflict",
     "TokenExhausted",
     "TokenTampered",
+    crate::webhook::refusals::REASON,
 ];
 
 /// Events recorded at most once per [`ROUTINE_EVENT_INTERVAL`] per lock.

@@ -21,6 +21,7 @@ pub mod finalize;
 pub mod force;
 pub mod force_requests;
 pub mod lock_lease;
+pub mod oldest_hold;
 pub mod pods;
 pub mod queue;
 pub mod rbac;
@@ -52,7 +53,7 @@ use tracing::info;
 use crate::crd::{DistributedLock, ForceReleaseRequest, LABEL_LOCK, LockClaim};
 use crate::lease::election::{Elector, Leadership};
 use crate::lease::{LeaseStore, Timing};
-use crate::metrics::ControllerMetrics;
+use crate::metrics::{ControllerMetrics, WebhookMetrics};
 use crate::supervise::Completion;
 use context::{Context, Settings};
 
@@ -126,10 +127,13 @@ where
 
 /// Runs the controller until `shutdown`: election, watches, reconciler, admin server.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
-    let identity = config.identity.clone().unwrap_or_else(|| crate::lease::Identity::for_process().id);
     let mut registry = Registry::default();
+    let apiserver_metrics = crate::metrics::register_common(&mut registry);
+    let client =
+        crate::kube_client::observed(apiserver_metrics).await.context("failed to build a Kubernetes client")?;
+    let identity = config.identity.clone().unwrap_or_else(|| crate::lease::Identity::for_process().id);
     let metrics = ControllerMetrics::register(&mut registry);
+    let webhook_metrics = WebhookMetrics::register(&mut registry);
     let mut tasks = tokio::task::JoinSet::new();
     let owner = match &config.owner_cluster_role {
         Some(name) => Some(rbac::owner(&client, name).await?),
@@ -208,6 +212,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .applied_objects()
         .filter(only_objects);
     let controller = Controller::for_stream(lock_stream, locks.clone());
+    registry.register_collector(Box::new(oldest_hold::OldestHold { locks: locks.clone() }));
 
     let reporter = Reporter { controller: crate::crd::MANAGER_CONTROLLER.into(), instance: Some(identity.clone()) };
     let ctx = Arc::new(Context {
@@ -218,7 +223,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         pods: pods.clone(),
         requests: requests.clone(),
         metrics: metrics.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(client.clone(), reporter.clone()),
         settings: Settings {
             confirm_timeout: config.confirm_timeout,
             manage_rbac: config.manage_rbac,
@@ -299,15 +304,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     // The webhooks are served by every replica, leader or not.
     let webhook_bound = Arc::new(AtomicBool::new(config.webhook.webhook_addr.is_none()));
+    let (refusals, refused) = crate::webhook::refusals::queue(webhook_metrics.clone());
     if let Some(server) = crate::webhook::server::start(
         &config.webhook,
         client.clone(),
         config.force_release_approvals,
+        webhook_metrics.clone(),
+        refusals,
         webhook_bound.clone(),
         shutdown.clone(),
     )
     .await?
     {
+        let (recorder, stop) = (Recorder::new(client.clone(), reporter.clone()), shutdown.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = crate::webhook::refusals::record(recorder, refused, webhook_metrics) => {}
+            }
+            Ok(Completion::Stopped)
+        });
         tasks.spawn(async move {
             server.await?;
             Ok(Completion::Stopped)

@@ -104,10 +104,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     if let Some(lock) = &config.hold {
         api::validate_lock_name(lock).map_err(|_| anyhow::anyhow!("--hold {lock:?} is not a valid lock name"))?;
     }
-    let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
+    let mut registry = Registry::default();
+    let apiserver_metrics = crate::metrics::register_common(&mut registry);
+    let client =
+        crate::kube_client::observed(apiserver_metrics).await.context("failed to build a Kubernetes client")?;
     let identity = config.identity(&client).await?;
     info!(namespace = %config.namespace, %identity, "sidecar starting");
-    let mut registry = Registry::default();
     let metrics = ClientMetrics::register(&mut registry);
     let owner_metrics = owner::OwnerMetrics::register(&mut registry);
     let mut tasks = JoinSet::new();

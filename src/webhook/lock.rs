@@ -78,6 +78,15 @@ pub fn state(lock: &DistributedLock, lease: Option<&Lease>) -> LockState {
 
 /// Reads lock `namespace/name` and its Lease; `Ok(None)` if the lock does not exist.
 pub async fn read(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<LockState>, String> {
+    Ok(read_identified(client, namespace, name).await?.map(|(state, _)| state))
+}
+
+/// [`read`], with the lock's UID (an Event about the lock refers to it).
+pub async fn read_identified(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<(LockState, Option<String>)>, String> {
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let Some(lock) = locks.get_opt(name).await.map_err(|e| format!("cannot read lock {namespace}/{name}: {e}"))? else {
@@ -85,7 +94,7 @@ pub async fn read(client: &kube::Client, namespace: &str, name: &str) -> Result<
     };
     let lease =
         leases.get_opt(name).await.map_err(|e| format!("cannot read the lock Lease {namespace}/{name}: {e}"))?;
-    Ok(Some(state(&lock, lease.as_ref())))
+    Ok(Some((state(&lock, lease.as_ref()), lock.metadata.uid.clone())))
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! The admission webhooks, served by every controller replica (not gated by leadership):
-//! sidecar injection ([`inject`], configured per pod by [`pod_settings`]), audited and targeted force release ([`force`], and
-//! the requests and approvals of [`request`]), and
-//! resource-side fencing of Kubernetes objects ([`fence`]), both reading a lock's state
-//! fresh ([`lock`]). The guard is not served here: it is two ValidatingAdmissionPolicies
+//! sidecar injection ([`inject`], configured per pod by [`pod_settings`]), audited and
+//! targeted force release ([`force`], and the requests and approvals of [`request`]), and
+//! resource-side fencing of Kubernetes objects ([`fence`], its refusals recorded as Events
+//! by [`refusals`]), both reading a lock's state fresh ([`lock`]). The guard is not served
+//! here: it is two ValidatingAdmissionPolicies
 //! in CEL, evaluated by the apiserver itself ([`guard`] writes them; the chart ships them).
 
 pub mod fence;
@@ -11,6 +12,7 @@ pub mod guard;
 pub mod inject;
 pub mod lock;
 pub mod pod_settings;
+pub mod refusals;
 pub mod request;
 pub mod server;
 pub mod tls;

@@ -1,10 +1,13 @@
 //! The webhook HTTPS server: TLS accept loop (certificate reloaded from files) and the
-//! admission handlers.
+//! admission handlers, each answer counted and timed by webhook and outcome.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use axum::extract::State;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper_util::rt::TokioIo;
@@ -17,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
-use super::{fence, force, inject, lock, request as forcerequest, tls};
+use super::{fence, force, inject, lock, refusals, request as forcerequest, tls};
 use crate::crd::{ANNOTATION_TOKEN, ForceReleaseRequest, LABEL_FENCED_BY};
+use crate::metrics::{ResourceLabel, WebhookLabel, WebhookMetrics, WebhookOutcomeLabel};
 
 /// What the handlers need.
 #[derive(Clone)]
@@ -29,30 +33,81 @@ pub struct Webhooks {
     pub template: inject::Template,
     /// Approvals a force release needs on a lock whose policy does not say.
     pub force_release_approvals: u32,
+    /// Admission metrics.
+    pub metrics: Arc<WebhookMetrics>,
+    /// Where refused fenced writes go to become Events.
+    pub refusals: refusals::Reporter,
 }
 
 type Review = Json<AdmissionReview<DynamicObject>>;
+
+/// How an admission request ended, for `leasehold_webhook_requests_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted (possibly with a patch).
+    Allowed,
+    /// Refused on its merits.
+    Denied,
+    /// Not decided: a malformed review, or the state it depends on could not be read.
+    Error,
+}
+
+impl Outcome {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// An admission answer and how it ended (carried to the metrics layer in the response's
+/// extensions; the answer itself is the same whatever the outcome).
+struct Answer {
+    review: AdmissionReview<DynamicObject>,
+    outcome: Outcome,
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        (axum::Extension(self.outcome), Json(self.review)).into_response()
+    }
+}
 
 fn request(review: AdmissionReview<DynamicObject>) -> Result<AdmissionRequest<DynamicObject>, String> {
     review.try_into().map_err(|e| format!("not an admission request: {e}"))
 }
 
-fn invalid(message: String) -> Review {
-    Json(AdmissionResponse::invalid(message).into_review())
+fn invalid(message: String) -> Answer {
+    Answer { review: AdmissionResponse::invalid(message).into_review(), outcome: Outcome::Error }
 }
 
-fn respond(response: AdmissionResponse) -> Review {
-    Json(response.into_review())
+fn respond(response: AdmissionResponse) -> Answer {
+    let outcome = if response.allowed { Outcome::Allowed } else { Outcome::Denied };
+    Answer { review: response.into_review(), outcome }
 }
 
-fn deny(request: &AdmissionRequest<DynamicObject>, message: String) -> Review {
+fn refuse(request: &AdmissionRequest<DynamicObject>, message: String, outcome: Outcome) -> Answer {
     debug!(kind = %request.kind.kind, name = %request.name, %message, "denied");
     let mut response = AdmissionResponse::from(request).deny(message);
     response.result.code = 403;
-    respond(response)
+    Answer { review: response.into_review(), outcome }
 }
 
-fn with_patch(request: &AdmissionRequest<DynamicObject>, patch: Option<json_patch::Patch>) -> Review {
+/// Refuses `request` on its merits.
+fn deny(request: &AdmissionRequest<DynamicObject>, message: String) -> Answer {
+    refuse(request, message, Outcome::Denied)
+}
+
+/// Refuses `request` because it could not be decided (the answer is the same as
+/// [`deny`]'s; only the outcome counted differs).
+fn fail(request: &AdmissionRequest<DynamicObject>, message: String) -> Answer {
+    refuse(request, message, Outcome::Error)
+}
+
+fn with_patch(request: &AdmissionRequest<DynamicObject>, patch: Option<json_patch::Patch>) -> Answer {
     with_patch_and_warnings(request, patch, Vec::new())
 }
 
@@ -61,7 +116,7 @@ fn with_patch_and_warnings(
     request: &AdmissionRequest<DynamicObject>,
     patch: Option<json_patch::Patch>,
     warnings: Vec<String>,
-) -> Review {
+) -> Answer {
     let mut response = AdmissionResponse::from(request);
     if !warnings.is_empty() {
         response.warnings = Some(warnings);
@@ -70,12 +125,37 @@ fn with_patch_and_warnings(
         None => respond(response),
         Some(patch) => match response.with_patch(patch) {
             Ok(response) => respond(response),
-            Err(e) => deny(request, format!("internal error: {e}")),
+            Err(e) => fail(request, format!("internal error: {e}")),
         },
     }
 }
 
-async fn mutate_pods(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Review {
+/// The webhook a route serves, for metric labels.
+pub fn webhook_of(path: &str) -> Option<&'static str> {
+    match path {
+        "/mutate/pods" => Some("inject"),
+        "/mutate/distributedlocks" => Some("force"),
+        "/mutate/forcereleaserequests" => Some("request"),
+        "/validate/fenced" => Some("fence"),
+        _ => None,
+    }
+}
+
+/// Counts and times each admission request by webhook and outcome.
+async fn observe(State(metrics): State<Arc<WebhookMetrics>>, request: axum::extract::Request, next: Next) -> Response {
+    let webhook = webhook_of(request.uri().path());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    if let Some(webhook) = webhook {
+        // No outcome: the review never reached the handler (not JSON, not a review).
+        let outcome = response.extensions().get::<Outcome>().copied().unwrap_or(Outcome::Error);
+        metrics.requests.get_or_create(&WebhookOutcomeLabel { webhook, outcome: outcome.label() }).inc();
+        metrics.request_seconds.get_or_create(&WebhookLabel { webhook }).observe(started.elapsed().as_secs_f64());
+    }
+    response
+}
+
+async fn mutate_pods(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Answer {
     let request = match request(review) {
         Ok(r) => r,
         Err(message) => return invalid(message),
@@ -96,7 +176,7 @@ async fn mutate_pods(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -
     }
 }
 
-async fn mutate_locks(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Review {
+async fn mutate_locks(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Answer {
     let request = match request(review) {
         Ok(r) => r,
         Err(message) => return invalid(message),
@@ -125,7 +205,7 @@ async fn mutate_locks(State(hooks): State<Arc<Webhooks>>, Json(review): Review) 
     let hold = match lock::read(&hooks.client, &namespace, &request.name).await {
         Ok(Some(state)) => state.hold,
         Ok(None) => lock::Hold::Free,
-        Err(message) => return deny(&request, message),
+        Err(message) => return fail(&request, message),
     };
     match force::stamp(&lock_ref, &hold, &user) {
         Ok(patch) => {
@@ -181,7 +261,7 @@ async fn may_approve(
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
-async fn mutate_requests(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Review {
+async fn mutate_requests(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Answer {
     let request = match request(review) {
         Ok(r) => r,
         Err(message) => return invalid(message),
@@ -201,7 +281,7 @@ async fn mutate_requests(State(hooks): State<Arc<Webhooks>>, Json(review): Revie
             // The hold as it is now, read fresh: the request is about this hold only.
             let hold = match lock::read(&hooks.client, &namespace, &new.spec.lock).await {
                 Ok(state) => state.map(|s| s.hold),
-                Err(message) => return deny(&request, message),
+                Err(message) => return fail(&request, message),
             };
             match forcerequest::admit_create(&name, &new, &lock_ref, hold.as_ref(), &user, now) {
                 Ok(patch) => {
@@ -225,7 +305,7 @@ async fn mutate_requests(State(hooks): State<Arc<Webhooks>>, Json(review): Revie
             let allowed = if needs_review {
                 match may_approve(&hooks.client, &request, &namespace).await {
                     Ok(allowed) => allowed,
-                    Err(message) => return deny(&request, message),
+                    Err(message) => return fail(&request, message),
                 }
             } else {
                 false
@@ -256,7 +336,7 @@ fn fencing(object: Option<&DynamicObject>) -> (Option<&str>, Option<&str>) {
     )
 }
 
-async fn validate_fenced(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Review {
+async fn validate_fenced(State(hooks): State<Arc<Webhooks>>, Json(review): Review) -> Answer {
     let request = match request(review) {
         Ok(r) => r,
         Err(message) => return invalid(message),
@@ -291,33 +371,70 @@ async fn validate_fenced(State(hooks): State<Arc<Webhooks>>, Json(review): Revie
         };
     };
     let mut tokens = fence::Tokens::new();
+    let mut uids = std::collections::BTreeMap::new();
     for name in involved {
-        match lock::read(&hooks.client, &namespace, &name).await {
-            Ok(state) => tokens.insert(name, state.map(|s| s.token)),
-            Err(message) => return deny(&request, message),
+        match lock::read_identified(&hooks.client, &namespace, &name).await {
+            Ok(Some((state, uid))) => {
+                uids.insert(name.clone(), uid);
+                tokens.insert(name, Some(state.token));
+            }
+            Ok(None) => {
+                tokens.insert(name, None);
+            }
+            Err(message) => return fail(&request, message),
         };
     }
     match fence::judge(operation, &write, &namespace, &tokens) {
         Ok(()) => respond(AdmissionResponse::from(&request)),
         Err(refusal) => {
-            info!(
-                kind = %request.kind.kind,
-                name = %request.name,
-                namespace = %namespace,
-                operation = ?operation,
+            let resource = resource_of(&request.resource);
+            let object = format!("{resource} {}", request.name);
+            warn!(
+                %namespace,
                 lock = %refusal.lock,
+                %object,
+                operation = ?operation,
                 presented = refusal.presented.as_deref().unwrap_or("none"),
                 current = ?refusal.current,
                 %user,
                 "fenced write refused"
             );
+            hooks.metrics.stale_writes_refused.get_or_create(&ResourceLabel { resource }).inc();
+            // A lock that does not exist has no current token and nowhere to put an Event.
+            let lock = refusal.lock.strip_prefix(&format!("{namespace}/")).unwrap_or(&refusal.lock).to_owned();
+            if let Some(current) = refusal.current {
+                hooks.refusals.report(refusals::StaleWrite {
+                    namespace: namespace.clone(),
+                    lock_uid: uids.get(&lock).cloned().flatten(),
+                    lock,
+                    operation: match operation {
+                        fence::Operation::Create => "CREATE",
+                        fence::Operation::Update => "UPDATE",
+                        fence::Operation::Delete => "DELETE",
+                    },
+                    object,
+                    user: user.to_owned(),
+                    presented: refusal.presented.clone(),
+                    current,
+                });
+            }
             deny(&request, refusal.message)
         }
     }
 }
 
+/// The `group/resource` of a written object (`configmaps` in the core group).
+pub fn resource_of(resource: &kube::core::GroupVersionResource) -> String {
+    if resource.group.is_empty() {
+        resource.resource.clone()
+    } else {
+        format!("{}/{}", resource.group, resource.resource)
+    }
+}
+
 /// The webhook routes.
 pub fn router(hooks: Webhooks) -> Router {
+    let metrics = hooks.metrics.clone();
     Router::new()
         .route("/mutate/pods", post(mutate_pods))
         .route("/mutate/distributedlocks", post(mutate_locks))
@@ -325,6 +442,7 @@ pub fn router(hooks: Webhooks) -> Router {
         .route("/validate/fenced", post(validate_fenced))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(Arc::new(hooks))
+        .layer(axum::middleware::from_fn_with_state(metrics, observe))
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown`. `bound` turns true once
@@ -369,6 +487,8 @@ pub async fn start(
     config: &super::Config,
     client: kube::Client,
     force_release_approvals: u32,
+    metrics: Arc<WebhookMetrics>,
+    refusals: refusals::Reporter,
     bound: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Option<impl std::future::Future<Output = std::io::Result<()>> + use<>>> {
@@ -379,6 +499,42 @@ pub async fn start(
         .await
         .map_err(|e| anyhow::anyhow!("failed to bind the webhook server to {addr}: {e}"))?;
     info!(addr = %listener.local_addr()?, "webhook server listening");
-    let router = router(Webhooks { client, template: config.template(), force_release_approvals });
+    let router = router(Webhooks { client, template: config.template(), force_release_approvals, metrics, refusals });
     Ok(Some(serve(listener, tls, router, bound, shutdown)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_webhook_route_has_a_label() {
+        let cases = [
+            ("/mutate/pods", Some("inject")),
+            ("/mutate/distributedlocks", Some("force")),
+            ("/mutate/forcereleaserequests", Some("request")),
+            ("/validate/fenced", Some("fence")),
+            ("/healthz", None),
+            ("/validate/fenced/x", None),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(webhook_of(path), expected, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_outcome_follows_the_answer() {
+        let refused = respond(AdmissionResponse::invalid("x").deny("no"));
+        assert_eq!(refused.outcome, Outcome::Denied);
+        assert_eq!(invalid("bad".into()).outcome, Outcome::Error);
+        let labels = [Outcome::Allowed, Outcome::Denied, Outcome::Error].map(Outcome::label);
+        assert_eq!(labels, ["allowed", "denied", "error"]);
+    }
+
+    #[test]
+    fn resources_are_group_qualified_outside_the_core_group() {
+        let gvr = |group: &str, resource: &str| kube::core::GroupVersionResource::gvr(group, "v1", resource);
+        assert_eq!(resource_of(&gvr("", "configmaps")), "configmaps");
+        assert_eq!(resource_of(&gvr("apps", "deployments")), "apps/deployments");
+    }
 }

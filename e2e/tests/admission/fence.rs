@@ -129,3 +129,63 @@ async fn a_fenced_object_cannot_escape_its_lock_by_relabelling_unlabelling_or_de
     relabel(&cms, "shelf", json!("other"), json!("1")).await.expect("no lock, no fence");
     cms.delete("shelf", &DeleteParams::default()).await.expect("no lock, no fence on delete either");
 }
+
+/// The user the tests' admin client authenticates as.
+async fn whoami(client: &kube::Client) -> String {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let reviews: Api<SelfSubjectReview> = Api::all(client.clone());
+    let review = reviews.create(&Default::default(), &SelfSubjectReview::default()).await.expect("self subject review");
+    review.status.and_then(|s| s.user_info).and_then(|u| u.username).expect("a user name")
+}
+
+#[tokio::test]
+async fn a_refused_stale_write_is_counted_and_recorded_on_the_lock() {
+    use k8s_openapi::api::events::v1::Event;
+    let env = Env::new("adm-fence-seen").await;
+    let controller = env.webhook_controller(None, &[]).await;
+    let lock = env.lock(LOCK, DistributedLockSpec::default()).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
+    let refused = "leasehold_webhook_stale_writes_refused_total{resource=\"configmaps\"}";
+    let denied = "leasehold_webhook_requests_total{webhook=\"fence\",outcome=\"denied\"}";
+    let allowed = "leasehold_webhook_requests_total{webhook=\"fence\",outcome=\"allowed\"}";
+
+    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    let stale = hold_a.token();
+    fenced_write(&cms, Some(stale), "10").await.expect("a's write with the current token");
+    hold_a.release().await;
+    let hold_b = b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b acquires");
+    let current = hold_b.token();
+    assert_eq!(controller.process.metric(refused).await, None, "nothing refused yet");
+    assert!(controller.process.metric(allowed).await >= Some(1.0), "the admitted write is counted");
+
+    denial(fenced_write(&cms, Some(stale), "9").await);
+    // Counted before the answer left.
+    assert_eq!(controller.process.metric(refused).await, Some(1.0));
+    assert_eq!(controller.process.metric(denied).await, Some(1.0));
+
+    let user = whoami(&env.ns.client).await;
+    let events: Api<Event> = Api::namespaced(env.ns.client.clone(), env.name());
+    let uid = lock.metadata.uid.clone();
+    let event = leasehold_harness::eventually("a StaleWriteRefused Event", WAIT, || async {
+        let list = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("StaleWriteRefused"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let regarding = event.regarding.expect("regarding");
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref(), regarding.uid),
+        (Some("DistributedLock"), Some(LOCK), uid),
+        "the Event is about the lock"
+    );
+    let note = event.note.expect("a note");
+    for needle in ["configmaps inventory", user.as_str(), &format!("token {stale}"), &format!("token is {current}")] {
+        assert!(note.contains(needle), "{note} lacks {needle}");
+    }
+    hold_b.release().await;
+}

@@ -184,6 +184,7 @@ async fn the_sidecar_pod_monitor_scrapes_the_admin_port_the_injection_webhook_ad
     let typed: Pod = serde_json::from_value(pod.clone()).expect("a Pod");
     let patch = leasehold::webhook::inject::inject(&typed, &Default::default())
         .expect("valid annotations")
+        .patch
         .expect("the PodMonitor's selector selects pods that get the sidecar");
     json_patch::patch(&mut pod, &patch).expect("the patch applies");
     let ports: Vec<&Value> = pod["spec"]["initContainers"]
