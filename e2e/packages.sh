@@ -10,6 +10,17 @@
 #   wget           the fenced-configmap example's writer.sh, run on the host by e2e tests
 set -euo pipefail
 
+# The toolchains the client libraries' tests build with (clients/): not installed here,
+# because Debian's releases are older than the ones they are written for.
+tools=()
+command -v python3 >/dev/null || tools+=("Python 3.11+ (python3)")
+command -v node >/dev/null && command -v npm >/dev/null || tools+=("Node.js 20+ with npm")
+command -v java >/dev/null && command -v mvn >/dev/null || tools+=("JDK 17+ with Maven (java, mvn)")
+if [ ${#tools[@]} -gt 0 ]; then
+  printf 'the client libraries'"'"' tests (clients/) need: %s\n' "${tools[@]}" >&2
+  exit 1
+fi
+
 # A file each package provides, and the package.
 need=(
   "/usr/lib/postgresql/*/bin/postgres postgresql"
