@@ -25,7 +25,7 @@ enum Command {
     Controller(leasehold::controller::Config),
     /// Run the sidecar: a local lock API renewing on behalf of its pod.
     Sidecar(leasehold::sidecar::Config),
-    /// Run a command while holding a lock.
+    /// Run a command while holding a lock: `run <namespace>/<lock> [--wait 30s | --try] -- <command>`.
     Run(leasehold::run::Config),
     /// Started by `run`: starts the command and answers for its process tree.
     #[command(hide = true)]
@@ -39,6 +39,13 @@ enum Command {
     Approve(leasehold::cli::request::Approve),
     /// Deny a force-release request: `deny <namespace>/<request> --reason "..."`.
     Deny(leasehold::cli::request::Deny),
+    /// Show a lock: holder, token, hold age, the queue with each wait, conditions, recent
+    /// force-release history and open requests (`status <namespace>/<lock>`); or the locks
+    /// of a namespace (`status <namespace>`) or of every namespace (`status -A`) as a table.
+    Status(leasehold::cli::status::Status),
+    /// Wait until a lock is free, held, or granted to a claimant, on a watch (for scripts):
+    /// `wait <namespace>/<lock> --for free|held|granted-to=<identity> --timeout 30s`.
+    Wait(leasehold::cli::wait::Wait),
     /// Check an installation: Kubernetes version, CRDs, webhook certificates, and that the
     /// API server reaches every webhook (dry-run probes). The chart runs it as `helm test`.
     Check(leasehold::check::Config),
@@ -104,6 +111,22 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Release(args) => one_shot("release", leasehold::cli::release(args)),
         Command::Requests(args) => one_shot("requests", leasehold::cli::request::list(args)),
+        Command::Status(args) => one_shot("status", leasehold::cli::status::status(args)),
+        Command::Wait(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            match runtime.block_on(leasehold::cli::wait::wait(args)) {
+                Ok((code, message)) => {
+                    if !message.is_empty() {
+                        eprintln!("leasehold wait: {message}");
+                    }
+                    std::process::exit(code)
+                }
+                Err(e) => {
+                    eprintln!("leasehold wait: {e:#}");
+                    std::process::exit(leasehold::run::EXIT_FAILED)
+                }
+            }
+        }
         Command::Approve(args) => one_shot("approve", leasehold::cli::request::approve(args)),
         Command::Deny(args) => one_shot("deny", leasehold::cli::request::deny(args)),
         Command::Check(config) => {

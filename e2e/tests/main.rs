@@ -4,6 +4,7 @@
 
 mod admission;
 mod chart;
+mod cli;
 mod controller;
 mod controlplane;
 mod demo;
