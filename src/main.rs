@@ -102,8 +102,18 @@ fn one_shot(name: &str, command: impl std::future::Future<Output = anyhow::Resul
     }
 }
 
+/// The name to show in usage for the program invoked as `argv0`: installed (or linked) as
+/// `kubectl-leasehold`, kubectl runs it for `kubectl leasehold ...`, and usage says so.
+fn bin_name(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let file = argv0.map(std::path::Path::new).and_then(std::path::Path::file_name).and_then(|f| f.to_str());
+    if file == Some("kubectl-leasehold") { "kubectl leasehold" } else { "leasehold" }
+}
+
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let argv0 = std::env::args_os().next();
+    let matches = Cli::command().bin_name(bin_name(argv0.as_deref())).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::LeaseGuard { controller_user } => {
             print!("{}", leasehold::webhook::guard::manifests(&controller_user));
@@ -235,6 +245,21 @@ mod tests {
         assert!(licence.contains("Apache License") && licence.contains("Version 2.0, January 2004"), "LICENSE");
         let changelog = include_str!("../CHANGELOG.md");
         assert!(changelog.contains(&format!("## [{version}]")), "CHANGELOG.md has no entry for {version}");
+    }
+
+    #[test]
+    fn usage_names_the_kubectl_plugin_when_invoked_as_one() {
+        use std::ffi::OsStr;
+        for (argv0, name) in [
+            (Some("kubectl-leasehold"), "kubectl leasehold"),
+            (Some("/usr/local/bin/kubectl-leasehold"), "kubectl leasehold"),
+            (Some("/usr/local/bin/leasehold"), "leasehold"),
+            (Some("leasehold"), "leasehold"),
+            (Some("kubectl-leasehold-0.1.0-linux-amd64"), "leasehold"),
+            (None, "leasehold"),
+        ] {
+            assert_eq!(bin_name(argv0.map(OsStr::new)), name, "{argv0:?}");
+        }
     }
 
     /// Every `make` target and `leasehold` subcommand the README names exists.

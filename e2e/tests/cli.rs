@@ -265,3 +265,42 @@ async fn an_acquisition_whose_wait_ends_during_its_first_claim_returns() {
         acquired.map(|h| h.token())
     );
 }
+
+/// Linked as `kubectl-leasehold` on PATH, the binary answers `kubectl leasehold status`
+/// (kubectl runs the plugin with the rest of the arguments), and its usage says
+/// `kubectl leasehold`.
+#[tokio::test]
+async fn the_binary_works_as_a_kubectl_plugin() {
+    let s = setup("cli-plugin", &["a"]).await;
+    let hold = s.pods[0].claimant(s.env.name()).acquire(LOCK, Duration::from_secs(30)).await.expect("a acquires");
+    let plugins = s.env.log_dir().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin directory");
+    let link = plugins.join("kubectl-leasehold");
+    if !link.exists() {
+        std::os::unix::fs::symlink(leasehold_bin(), &link).expect("link kubectl-leasehold");
+    }
+    let lock = format!("{}/{LOCK}", s.env.name());
+    let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
+    let token = format!("Token:     {}\n", hold.token());
+
+    let mut direct = Command::new(&link);
+    direct.args(["status", &lock]).env("KUBECONFIG", s.env.cp.kubeconfig_path()).env_remove("POD_NAMESPACE");
+    let out = output(direct).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&token), "{}", text(&out));
+
+    let mut kubectl = Command::new(s.env.cp.bin_dir().join("kubectl"));
+    kubectl
+        .args(["leasehold", "status", &lock])
+        .env("PATH", &path)
+        .env("KUBECONFIG", s.env.cp.kubeconfig_path())
+        .env_remove("POD_NAMESPACE");
+    let out = output(kubectl).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&token), "{}", text(&out));
+
+    let mut usage = Command::new(s.env.cp.bin_dir().join("kubectl"));
+    usage.args(["leasehold", "status", "--help"]).env("PATH", &path);
+    let out = output(usage).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: kubectl leasehold status"), "{}", text(&out));
+}
