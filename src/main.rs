@@ -46,8 +46,10 @@ enum Command {
     /// Wait until a lock is free, held, or granted to a claimant, on a watch (for scripts):
     /// `wait <namespace>/<lock> --for free|held|granted-to=<identity> --timeout 30s`.
     Wait(leasehold::cli::wait::Wait),
-    /// Check an installation: Kubernetes version, CRDs, webhook certificates, and that the
-    /// API server reaches every webhook (dry-run probes). The chart runs it as `helm test`.
+    /// Check an installation: Kubernetes version, CRDs, a controller replica leading, webhook
+    /// CA bundles (present, valid, not near expiry), the Lease guard, and that the API server
+    /// reaches every webhook (dry-run probes). Exit 1 if any check fails. The chart runs it
+    /// as `helm test`.
     Check(leasehold::check::Config),
     /// Print the CustomResourceDefinitions (YAML), or their reference (Markdown).
     Crd {
@@ -146,7 +148,7 @@ fn main() -> anyhow::Result<()> {
                     for finding in &findings {
                         println!("{finding}");
                     }
-                    let failed = findings.iter().filter(|f| !f.ok).count();
+                    let failed = findings.iter().filter(|f| f.failed()).count();
                     if failed > 0 {
                         eprintln!("leasehold check: {failed} of {} checks failed", findings.len());
                         std::process::exit(1)

@@ -304,3 +304,82 @@ async fn the_binary_works_as_a_kubectl_plugin() {
     let out = output(usage).await;
     assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: kubectl leasehold status"), "{}", text(&out));
 }
+
+/// `leasehold check` on a namespace's installation (the webhooks registered for it, the
+/// guard bound to it): every line passes, and each named line is there.
+#[tokio::test]
+async fn check_passes_with_webhooks_certificates_and_guard_in_place() {
+    let env = Env::new("cli-check-ok").await;
+    let _controller = env.webhook_controller(None, &[]).await;
+    env.apply_lease_guard(&format!("system:serviceaccount:{}:leasehold-controller", env.name())).await;
+    let (lease_guard, claim_guard) =
+        (format!("leasehold-lease-guard-{}", env.name()), format!("leasehold-claim-guard-{}", env.name()));
+    let configuration = format!("leasehold-{}", env.name());
+    let out = output(admin(
+        &env,
+        &[
+            "check",
+            "--webhook-configuration",
+            &configuration,
+            "--probe-namespace",
+            env.name(),
+            "--election-name=",
+            "--guard-policy",
+            &lease_guard,
+            "--guard-policy",
+            &claim_guard,
+        ],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "ok    webhook certificates: 4 CA bundles valid".to_owned(),
+        "ok    controller leader: not checked".to_owned(),
+        format!("ok    lease guard: policies and bindings present: {lease_guard}, {claim_guard}"),
+        "ok    webhook inject.leasehold.dev: reached".to_owned(),
+    ] {
+        assert!(shown.contains(&line), "{line:?} in\n{shown}");
+    }
+}
+
+/// A leading controller passes the leader check; with no controller (no election Lease)
+/// and no guard, `check` fails, names both, says how to fix them, and exits 1.
+#[tokio::test]
+async fn check_names_a_missing_leader_and_guard_and_exits_1() {
+    let led = Env::new("cli-check-leader").await;
+    let _controller = led.controller(&[]).await;
+    let args = |env: &Env| {
+        let ns = env.name().to_owned();
+        vec![
+            "check".to_owned(),
+            format!("--controller-namespace={ns}"),
+            format!("--probe-namespace={ns}"),
+            format!("--guard-policy=leasehold-lease-guard-{ns}"),
+        ]
+    };
+    let led_args = args(&led);
+    let out = output(admin(&led, &led_args.iter().map(String::as_str).collect::<Vec<_>>())).await;
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let leader = shown.lines().find(|l| l.contains("controller leader:")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(leader.starts_with("ok") && leader.contains("leads"), "{shown}");
+
+    let bare = Env::new("cli-check-bare").await;
+    let bare_args = args(&bare);
+    let out = output(admin(&bare, &bare_args.iter().map(String::as_str).collect::<Vec<_>>())).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let after = |what: &str| {
+        let mut lines = shown.lines().skip_while(|l| !l.contains(what));
+        (lines.next().unwrap_or_default().to_owned(), lines.next().unwrap_or_default().to_owned())
+    };
+    let (leader, fix) = after("controller leader:");
+    assert!(leader.starts_with("FAIL") && leader.contains("no replica has ever led"), "{shown}");
+    assert!(fix.trim_start().starts_with("fix: is the controller Deployment running?"), "{shown}");
+    let (guard, fix) = after("lease guard:");
+    assert!(
+        guard.starts_with("FAIL") && guard.contains("missing ValidatingAdmissionPolicy leasehold-lease-guard-"),
+        "{shown}"
+    );
+    assert!(fix.trim_start().starts_with("fix: "), "{shown}");
+}
