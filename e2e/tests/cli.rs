@@ -383,3 +383,22 @@ async fn check_names_a_missing_leader_and_guard_and_exits_1() {
     );
     assert!(fix.trim_start().starts_with("fix: "), "{shown}");
 }
+
+/// A `--grace` longer than the lock's timing allows (half of 15 s − 10 s with the
+/// defaults) is refused before anything is claimed: exit 2, the command not run.
+#[tokio::test]
+async fn run_refuses_a_grace_the_lock_does_not_allow_before_claiming() {
+    let s = setup("cli-run-grace", &["a"]).await;
+    let (script, ran) = touch(&s.env.log_dir(), "ran");
+    let lock = format!("{}/{LOCK}", s.env.name());
+    let out = output(as_pod(&s.env, &s.pods[0], &["run", &lock, "--grace", "3s", "--", "sh", "-c", &script])).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 2.5s"), "{}", text(&out));
+    assert!(!ran.exists(), "the command ran");
+    let claim = s.env.claims().get_opt(&s.pods[0].identity().claim_name(LOCK)).await.expect("read the claim");
+    assert!(claim.is_none(), "a claim was made: {claim:?}");
+    // A grace within the margin runs the command.
+    let out = output(as_pod(&s.env, &s.pods[0], &["run", &lock, "--grace", "1s", "--", "sh", "-c", &script])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(ran.exists(), "the command did not run: {}", text(&out));
+}
