@@ -21,6 +21,7 @@ OLDEST_RELEASE := releases/v1.30
 OLDEST_SUITES := controller:: sidecar:: sidecar_api:: sidecar_hold:: sidecar_owner:: sidecar_run:: admission:: chart::
 CLUSTER_DIR := .cluster
 RELEASE_DIR := target/release-artifacts
+PLUGIN_DIR ?= $(HOME)/.local/bin
 NODE := target/debug/leasehold-node
 
 .PHONY: help
@@ -49,14 +50,22 @@ chart: ## Package the chart: $(RELEASE_DIR)/leasehold-<version>.tgz (helm lint -
 	e2e/tools/package-chart.sh $(RELEASE_DIR)
 
 .PHONY: release
-release: image ## Release artifacts in target/release-artifacts/: image archive, packaged chart, static binary, CRDs, SHA256SUMS.
+release: image ## Release artifacts in target/release-artifacts/: image archive, packaged chart, static binary (also as the kubectl plugin kubectl-leasehold), CRDs, SHA256SUMS.
 	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
 	cp $(IMAGE) $(RELEASE_DIR)/
 	cp target/$(IMAGE_TARGET)/release/leasehold $(RELEASE_DIR)/leasehold-$(APP_VERSION)-linux-amd64
+	cp target/$(IMAGE_TARGET)/release/leasehold $(RELEASE_DIR)/kubectl-leasehold-$(APP_VERSION)-linux-amd64
 	target/$(IMAGE_TARGET)/release/leasehold crd > $(RELEASE_DIR)/leasehold-$(APP_VERSION)-crds.yaml
 	e2e/tools/package-chart.sh $(RELEASE_DIR) >/dev/null
-	cd $(RELEASE_DIR) && sha256sum leasehold-* > SHA256SUMS && sha256sum --check --quiet SHA256SUMS
+	cd $(RELEASE_DIR) && sha256sum leasehold-* kubectl-leasehold-* > SHA256SUMS && sha256sum --check --quiet SHA256SUMS
 	@ls -l $(RELEASE_DIR)
+
+.PHONY: kubectl-plugin
+kubectl-plugin: ## Build leasehold and link it as kubectl-leasehold in $(PLUGIN_DIR) (default ~/.local/bin, which must be on PATH): then `kubectl leasehold status ...`.
+	$(CARGO) build --release --locked -p leasehold --bin leasehold
+	@mkdir -p $(PLUGIN_DIR)
+	ln -sf $(abspath target/release/leasehold) $(PLUGIN_DIR)/kubectl-leasehold
+	@echo "kubectl leasehold --help  # works when $(PLUGIN_DIR) is on PATH"
 
 .PHONY: node
 node: ## Build or install what the test node needs (kubelet & co. from Go modules, containerd v2, Debian packages).

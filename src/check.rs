@@ -11,9 +11,23 @@
 //!   pod network the API server cannot route to, or a certificate it does not trust
 //!   produce, and the finding says which.
 //!
-//! Every finding is printed; the exit status is 1 if any failed.
+//! - a controller replica leads: its election Lease is held and renewed within its lease
+//!   duration;
+//! - the webhooks' CA bundles are valid and not about to expire (a warning within
+//!   `--cert-warn-days`);
+//! - the guard (the lock Lease and LockClaim ValidatingAdmissionPolicies and their
+//!   bindings) is installed.
+//!
+//! Every finding is printed as `ok`, `WARN` or `FAIL` with what was found, and a fix where
+//! one is known; the exit status is 1 if any failed (warnings do not fail).
 
-use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+mod install;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
@@ -43,6 +57,34 @@ pub struct Config {
     /// there); not the release namespace, which the webhooks never see.
     #[arg(long, default_value = "default")]
     pub probe_namespace: String,
+    /// The namespace the controller runs in (the release namespace): where its election
+    /// Lease is.
+    #[arg(long, default_value = "leasehold-system")]
+    pub controller_namespace: String,
+    /// The controller's election Lease (its `--election-name`); empty for a controller
+    /// that runs without leader election (the leader is then not checked).
+    #[arg(long, default_value = "leasehold-controller")]
+    pub election_name: String,
+    /// Warn when a webhook CA certificate expires within this many days.
+    #[arg(long, default_value_t = 30)]
+    pub cert_warn_days: u32,
+    /// The guard's ValidatingAdmissionPolicies (each with a binding of the same name).
+    #[arg(long = "guard-policy", default_values_t = [
+        crate::webhook::guard::lease::POLICY_NAME.to_owned(),
+        crate::webhook::guard::claim::POLICY_NAME.to_owned(),
+    ])]
+    pub guard_policies: Vec<String>,
+}
+
+/// How a checked fact stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// It holds.
+    Ok,
+    /// It holds, but will not for long (a certificate near its expiry).
+    Warn,
+    /// It does not hold: the installation cannot work as it should.
+    Fail,
 }
 
 /// One checked fact.
@@ -50,25 +92,50 @@ pub struct Config {
 pub struct Finding {
     /// What was checked.
     pub what: String,
-    /// Whether it holds.
-    pub ok: bool,
+    /// How it stands.
+    pub level: Level,
     /// What was found, or what is wrong and where to look.
     pub detail: String,
+    /// How to fix it, where that is known.
+    pub hint: Option<String>,
 }
 
 impl Finding {
     fn ok(what: impl Into<String>, detail: impl Into<String>) -> Finding {
-        Finding { what: what.into(), ok: true, detail: detail.into() }
+        Finding { what: what.into(), level: Level::Ok, detail: detail.into(), hint: None }
+    }
+
+    fn warn(what: impl Into<String>, detail: impl Into<String>) -> Finding {
+        Finding { what: what.into(), level: Level::Warn, detail: detail.into(), hint: None }
     }
 
     fn fail(what: impl Into<String>, detail: impl Into<String>) -> Finding {
-        Finding { what: what.into(), ok: false, detail: detail.into() }
+        Finding { what: what.into(), level: Level::Fail, detail: detail.into(), hint: None }
+    }
+
+    fn with_hint(mut self, hint: impl Into<String>) -> Finding {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// Whether it failed.
+    pub fn failed(&self) -> bool {
+        self.level == Level::Fail
     }
 }
 
 impl std::fmt::Display for Finding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:<4}  {}: {}", if self.ok { "ok" } else { "FAIL" }, self.what, self.detail)
+        let level = match self.level {
+            Level::Ok => "ok",
+            Level::Warn => "WARN",
+            Level::Fail => "FAIL",
+        };
+        write!(f, "{level:<4}  {}: {}", self.what, self.detail)?;
+        match &self.hint {
+            Some(hint) if self.level != Level::Ok => write!(f, "\n      fix: {hint}"),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -155,6 +222,20 @@ pub fn probe_finding(webhook: &str, expected: &str, answer: Result<bool, String>
     }
 }
 
+/// The CA bundles of the webhooks of configuration `name`, each with its webhook's name
+/// (unreadable configurations are reported by their own finding).
+async fn ca_bundles(client: &kube::Client, name: &str) -> Vec<(String, Vec<u8>)> {
+    let mut bundles = Vec::new();
+    if let Ok(Some(c)) = Api::<MutatingWebhookConfiguration>::all(client.clone()).get_opt(name).await {
+        bundles.extend(c.webhooks.into_iter().flatten().filter_map(|w| Some((w.name, w.client_config.ca_bundle?.0))));
+    }
+    if let Ok(Some(c)) = Api::<ValidatingWebhookConfiguration>::all(client.clone()).get_opt(name).await {
+        bundles.extend(c.webhooks.into_iter().flatten().filter_map(|w| Some((w.name, w.client_config.ca_bundle?.0))));
+    }
+    bundles.retain(|(_, pem)| !pem.is_empty());
+    bundles
+}
+
 /// Runs every check.
 pub async fn run(config: &Config) -> anyhow::Result<Vec<Finding>> {
     use anyhow::Context as _;
@@ -204,6 +285,39 @@ pub async fn run(config: &Config) -> anyhow::Result<Vec<Finding>> {
         })
     });
     findings.push(configuration("validatingwebhookconfiguration", name, validating));
+
+    findings.push(install::certificate_finding(
+        &ca_bundles(&client, name).await,
+        jiff::Timestamp::now(),
+        config.cert_warn_days,
+    ));
+
+    if config.election_name.is_empty() {
+        findings.push(Finding::ok("controller leader", "not checked: the controller runs without leader election"));
+    } else {
+        let election = Api::<Lease>::namespaced(client.clone(), &config.controller_namespace)
+            .get_opt(&config.election_name)
+            .await
+            .map_err(|e| e.to_string());
+        findings.push(install::leader_finding(
+            &config.controller_namespace,
+            &config.election_name,
+            election.as_ref().map(Option::as_ref).map_err(Clone::clone),
+            jiff::Timestamp::now(),
+        ));
+    }
+
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let mut guard = Vec::new();
+    for policy in &config.guard_policies {
+        let state = match (policies.get_opt(policy).await, bindings.get_opt(policy).await) {
+            (Ok(p), Ok(b)) => Ok((p.is_some(), b.is_some())),
+            (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+        };
+        guard.push((policy.clone(), state));
+    }
+    findings.push(install::guard_finding(&guard));
 
     let namespace = &config.probe_namespace;
     let dry_run = PostParams { dry_run: true, field_manager: Some(crate::crd::MANAGER_CLI.into()) };
@@ -272,7 +386,7 @@ mod tests {
             ("x", "30", false),
         ] {
             let finding = version_finding(major, minor, "vX");
-            assert_eq!(finding.ok, ok, "{major}.{minor}: {finding}");
+            assert_eq!(finding.level == Level::Ok, ok, "{major}.{minor}: {finding}");
         }
         assert!(version_finding("1", "29", "v1.29.15").detail.contains("older than 1.30"));
     }
@@ -305,7 +419,7 @@ mod tests {
         ];
         for (answer, ok, says) in cases {
             let finding = probe_finding(webhook, "the sidecar", answer.clone());
-            assert_eq!(finding.ok, ok, "{answer:?}: {finding}");
+            assert_eq!(finding.level == Level::Ok, ok, "{answer:?}: {finding}");
             assert!(finding.detail.contains(says), "{answer:?}: {finding}");
         }
     }

@@ -1,8 +1,11 @@
 //! Operator commands: `leasehold release --force` (the one-step annotation where the lock's
 //! policy needs no approval, else a ForceReleaseRequest), `leasehold approve` and
-//! `leasehold deny` ([`request`]).
+//! `leasehold deny` ([`request`]); `leasehold status` ([`status`]); `leasehold wait` ([`wait`]); lock arguments ([`target`]).
 
 pub mod request;
+pub mod status;
+pub mod target;
+pub mod wait;
 
 use std::time::Duration;
 

@@ -25,7 +25,7 @@ enum Command {
     Controller(leasehold::controller::Config),
     /// Run the sidecar: a local lock API renewing on behalf of its pod.
     Sidecar(leasehold::sidecar::Config),
-    /// Run a command while holding a lock.
+    /// Run a command while holding a lock: `run <namespace>/<lock> [--wait 30s | --try] -- <command>`.
     Run(leasehold::run::Config),
     /// Started by `run`: starts the command and answers for its process tree.
     #[command(hide = true)]
@@ -39,8 +39,17 @@ enum Command {
     Approve(leasehold::cli::request::Approve),
     /// Deny a force-release request: `deny <namespace>/<request> --reason "..."`.
     Deny(leasehold::cli::request::Deny),
-    /// Check an installation: Kubernetes version, CRDs, webhook certificates, and that the
-    /// API server reaches every webhook (dry-run probes). The chart runs it as `helm test`.
+    /// Show a lock: holder, token, hold age, the queue with each wait, conditions, recent
+    /// force-release history and open requests (`status <namespace>/<lock>`); or the locks
+    /// of a namespace (`status <namespace>`) or of every namespace (`status -A`) as a table.
+    Status(leasehold::cli::status::Status),
+    /// Wait until a lock is free, held, or granted to a claimant, on a watch (for scripts):
+    /// `wait <namespace>/<lock> --for free|held|granted-to=<identity> --timeout 30s`.
+    Wait(leasehold::cli::wait::Wait),
+    /// Check an installation: Kubernetes version, CRDs, a controller replica leading, webhook
+    /// CA bundles (present, valid, not near expiry), the Lease guard, and that the API server
+    /// reaches every webhook (dry-run probes). Exit 1 if any check fails. The chart runs it
+    /// as `helm test`.
     Check(leasehold::check::Config),
     /// Print the CustomResourceDefinitions (YAML), or their reference (Markdown).
     Crd {
@@ -95,8 +104,18 @@ fn one_shot(name: &str, command: impl std::future::Future<Output = anyhow::Resul
     }
 }
 
+/// The name to show in usage for the program invoked as `argv0`: installed (or linked) as
+/// `kubectl-leasehold`, kubectl runs it for `kubectl leasehold ...`, and usage says so.
+fn bin_name(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let file = argv0.map(std::path::Path::new).and_then(std::path::Path::file_name).and_then(|f| f.to_str());
+    if file == Some("kubectl-leasehold") { "kubectl leasehold" } else { "leasehold" }
+}
+
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let argv0 = std::env::args_os().next();
+    let matches = Cli::command().bin_name(bin_name(argv0.as_deref())).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::LeaseGuard { controller_user } => {
             print!("{}", leasehold::webhook::guard::manifests(&controller_user));
@@ -104,6 +123,22 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Release(args) => one_shot("release", leasehold::cli::release(args)),
         Command::Requests(args) => one_shot("requests", leasehold::cli::request::list(args)),
+        Command::Status(args) => one_shot("status", leasehold::cli::status::status(args)),
+        Command::Wait(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            match runtime.block_on(leasehold::cli::wait::wait(args)) {
+                Ok((code, message)) => {
+                    if !message.is_empty() {
+                        eprintln!("leasehold wait: {message}");
+                    }
+                    std::process::exit(code)
+                }
+                Err(e) => {
+                    eprintln!("leasehold wait: {e:#}");
+                    std::process::exit(leasehold::run::EXIT_FAILED)
+                }
+            }
+        }
         Command::Approve(args) => one_shot("approve", leasehold::cli::request::approve(args)),
         Command::Deny(args) => one_shot("deny", leasehold::cli::request::deny(args)),
         Command::Check(config) => {
@@ -113,7 +148,7 @@ fn main() -> anyhow::Result<()> {
                     for finding in &findings {
                         println!("{finding}");
                     }
-                    let failed = findings.iter().filter(|f| !f.ok).count();
+                    let failed = findings.iter().filter(|f| f.failed()).count();
                     if failed > 0 {
                         eprintln!("leasehold check: {failed} of {} checks failed", findings.len());
                         std::process::exit(1)
@@ -212,6 +247,21 @@ mod tests {
         assert!(licence.contains("Apache License") && licence.contains("Version 2.0, January 2004"), "LICENSE");
         let changelog = include_str!("../CHANGELOG.md");
         assert!(changelog.contains(&format!("## [{version}]")), "CHANGELOG.md has no entry for {version}");
+    }
+
+    #[test]
+    fn usage_names_the_kubectl_plugin_when_invoked_as_one() {
+        use std::ffi::OsStr;
+        for (argv0, name) in [
+            (Some("kubectl-leasehold"), "kubectl leasehold"),
+            (Some("/usr/local/bin/kubectl-leasehold"), "kubectl leasehold"),
+            (Some("/usr/local/bin/leasehold"), "leasehold"),
+            (Some("leasehold"), "leasehold"),
+            (Some("kubectl-leasehold-0.1.0-linux-amd64"), "leasehold"),
+            (None, "leasehold"),
+        ] {
+            assert_eq!(bin_name(argv0.map(OsStr::new)), name, "{argv0:?}");
+        }
     }
 
     /// Every `make` target and `leasehold` subcommand the README names exists.

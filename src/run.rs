@@ -10,10 +10,11 @@
 //! whole tree SIGTERM and then SIGKILL after the grace; `run` kills the guard's process
 //! group itself if the guard has not finished shortly after. The kill lands before the
 //! lock can be granted again: the hold self-fences at the renew deadline and the
-//! controller waits a full lease duration from the last renewal it saw; the grace is half
-//! of that margin, and every timer here counts time the host was suspended. The lock is
+//! controller waits a full lease duration from the last renewal it saw; the grace
+//! (`--grace`) is at most, and by default, half of that margin, and every timer here
+//! counts time the host was suspended. The lock is
 //! released when the command's tree is gone, and the command's exit status is passed
-//! through.
+//! through; `run`'s own outcomes have the codes of [`EXIT_CODES`].
 
 pub mod channel;
 pub mod guard;
@@ -38,25 +39,88 @@ use crate::crd::MANAGER_CLI;
 use crate::lease::Identity;
 use channel::Message;
 
-/// Exit status when the lock could not be had in time (EX_TEMPFAIL).
+/// Exit status when Leasehold itself failed (the API server unreachable, an unexpected
+/// answer).
+pub const EXIT_FAILED: i32 = 1;
+/// Exit status for arguments that cannot work (as clap's own usage errors).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status when the lock could not be had in time, or `wait`'s condition did not hold
+/// in time (EX_TEMPFAIL).
 pub const EXIT_NOT_ACQUIRED: i32 = 75;
-/// Exit status when the lock cannot be claimed at all: unknown lock, forbidden (EX_NOPERM).
+/// Exit status when the lock cannot be claimed (or read) at all: unknown lock, forbidden
+/// (EX_NOPERM).
 pub const EXIT_REFUSED: i32 = 77;
 /// Exit status when the child could not be started (as shells do).
 pub const EXIT_CANNOT_RUN: i32 = 127;
+/// Exit status when `run` was told to stop (SIGINT, SIGTERM) before it held the lock.
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+/// The exit codes of `run` and `wait`, for their long help (and the docs, which repeat it).
+pub const EXIT_CODES: &str = "\
+Exit codes (run and wait):
+  0       run: the command exited 0; wait: the condition holds
+  1       Leasehold failed (API server unreachable, unexpected answer)
+  2       bad arguments (usage), or no namespace for a bare lock name outside a Pod
+  75      the lock was not acquired within --wait (run); the condition did not hold within --timeout (wait)
+  77      the lock does not exist, or you may not claim (run) or read (wait) it
+  127     run: the command could not be started
+  130     run: interrupted (SIGINT/SIGTERM) before the lock was held
+  128+N   run: the command was killed by signal N — 143 (SIGTERM) when the hold was lost or run was told to stop
+  other   run: the command's own exit status, passed through";
+
+/// How long a try-lock (`--try`, `--wait 0s`) gives the grant to arrive: the controller
+/// must see the claim and grant, and we confirm — one round trip each, never instant. The
+/// same as the sidecar API's `waitSeconds: 0`.
+pub const TRY_WAIT: Duration = crate::sidecar::request::MIN_WAIT;
 
 /// `leasehold run` arguments.
 #[derive(Clone, Debug, clap::Args)]
+#[command(after_long_help = EXIT_CODES)]
 pub struct Config {
-    /// The lock, as `<namespace>/<name>`.
-    #[arg(long, value_parser = parse_lock)]
-    pub lock: (String, String),
-    /// How long to wait for the lock.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// The lock: `<namespace>/<name>`, or `<name>` inside a Pod (its own namespace, from
+    /// `POD_NAMESPACE` or the service account's namespace file).
+    #[arg(value_name = "LOCK", required_unless_present = "lock", conflicts_with = "lock")]
+    pub target: Option<String>,
+    /// The lock, as the positional argument (kept for existing scripts).
+    #[arg(long = "lock", value_name = "LOCK")]
+    pub lock: Option<String>,
+    /// How long to wait for the lock. `0s` is a try-lock: it still gives the grant one
+    /// second to arrive, and fails (exit 75) if the lock is held meanwhile.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, conflicts_with = "try_lock")]
     pub wait: Duration,
+    /// Try-lock: the same as `--wait 0s`.
+    #[arg(long = "try")]
+    pub try_lock: bool,
+    /// Between SIGTERM and SIGKILL when the command must stop (hold lost, or `run`
+    /// signalled). At most, and by default, half the margin between the lock's
+    /// renewDeadlineSeconds and leaseDurationSeconds, so the command is gone before the
+    /// lock can be granted again.
+    #[arg(long, value_parser = parse_duration)]
+    pub grace: Option<Duration>,
     /// The command to run, after `--`.
     #[arg(required = true, last = true)]
     pub command: Vec<String>,
+}
+
+impl Config {
+    /// How long to wait for the grant.
+    pub fn acquire_wait(&self) -> Duration {
+        if self.try_lock { TRY_WAIT } else { self.wait.max(TRY_WAIT) }
+    }
+}
+
+/// A `--grace` longer than the lock's timing allows.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "--grace {requested:?} is longer than lock {lock} allows: at most {limit:?}, half the margin between its renewDeadlineSeconds and leaseDurationSeconds (the command must be gone before the lock can be granted again)"
+)]
+pub struct GraceError {
+    /// The lock.
+    pub lock: String,
+    /// What was asked.
+    pub requested: Duration,
+    /// The longest grace the timing allows.
+    pub limit: Duration,
 }
 
 /// Parses `<namespace>/<name>`.
@@ -76,23 +140,58 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 /// The grace between SIGTERM and SIGKILL, and when `run` kills the guard's group itself:
-/// half, and three quarters, of the margin between self-fencing (renew deadline) and the
-/// earliest possible re-grant (lease duration).
-fn stop_timing(timing: crate::lease::Timing) -> (Duration, Duration) {
+/// the grace asked for (by default and at most half of the margin between self-fencing
+/// (renew deadline) and the earliest possible re-grant (lease duration)), and a quarter of
+/// the margin after it — both before the margin runs out.
+fn stop_timing(
+    timing: crate::lease::Timing,
+    requested: Option<Duration>,
+    lock: &str,
+) -> Result<(Duration, Duration), GraceError> {
     let margin = timing.lease_duration.saturating_sub(timing.renew_deadline);
-    (margin / 2, margin / 2 + margin / 4)
+    let limit = margin / 2;
+    let grace = requested.unwrap_or(limit);
+    if grace > limit {
+        return Err(GraceError { lock: lock.to_owned(), requested: grace, limit });
+    }
+    Ok((grace, grace + margin / 4))
 }
 
 /// Runs the command under the lock; returns the exit code for the process.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<i32> {
-    let (namespace, lock) = &config.lock;
+    let arg = config.target.as_deref().or(config.lock.as_deref()).unwrap_or_default();
+    let (namespace, lock) = match crate::cli::target::resolve(arg, &crate::cli::target::PodNamespace::read()) {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            eprintln!("leasehold run: {e}");
+            return Ok(EXIT_USAGE);
+        }
+    };
+    let (namespace, lock) = (&namespace, &lock);
+    let named = format!("{namespace}/{lock}");
     let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
     // Who we are, as the apiserver sees it: the Pod when the token is bound to one.
     let identity = Identity::discover(&client).await.context("failed to learn who we are (SelfSubjectReview)")?;
     let claimant = Claimant::new(client, namespace, identity, MANAGER_CLI);
+    // A grace the lock's timing cannot allow is refused before anything is claimed.
+    if config.grace.is_some() {
+        match claimant.timing(lock).await {
+            Ok(timing) => {
+                if let Err(e) = stop_timing(timing, config.grace, &named) {
+                    eprintln!("leasehold run: {e}");
+                    return Ok(EXIT_USAGE);
+                }
+            }
+            Err(e @ (AcquireError::UnknownLock { .. } | AcquireError::Forbidden { .. })) => {
+                eprintln!("leasehold run: {e}");
+                return Ok(EXIT_REFUSED);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let acquired = tokio::select! {
-        _ = shutdown.cancelled() => return Ok(130),
-        acquired = claimant.acquire(lock, config.wait) => acquired,
+        _ = shutdown.cancelled() => return Ok(EXIT_INTERRUPTED),
+        acquired = claimant.acquire(lock, config.acquire_wait()) => acquired,
     };
     let hold = match acquired {
         Ok(hold) => hold,
@@ -108,8 +207,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
     let token = hold.token();
     info!(%namespace, lock, token, "acquired; starting the command");
-    let (grace, backstop) = stop_timing(hold.timing());
-    let started = start_guard(&config, token, grace);
+    // The hold's own timing (the lock may have been edited since the check above): a grace
+    // it no longer allows is refused, and the lock released, before the command starts.
+    let (grace, backstop) = match stop_timing(hold.timing(), config.grace, &named) {
+        Ok(timing) => timing,
+        Err(e) => {
+            hold.release().await;
+            eprintln!("leasehold run: {e}");
+            return Ok(EXIT_USAGE);
+        }
+    };
+    let started = start_guard(&config.command, namespace, lock, token, grace);
     let (listener, mut guard) = match started {
         Ok(started) => started,
         Err(e) => {
@@ -117,9 +225,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             return Err(e);
         }
     };
-    let supervised = Supervisor { hold: &hold, lock: format!("{namespace}/{lock}"), backstop }
-        .supervise(&mut guard, &listener, &shutdown)
-        .await;
+    let supervised =
+        Supervisor { hold: &hold, lock: named, backstop }.supervise(&mut guard, &listener, &shutdown).await;
     let outcome = hold.release().await;
     let status = supervised.context("failed to wait for the command")?;
     info!(lock, token, was_held = outcome.was_held, code = exit_code(status), "command finished; released");
@@ -128,8 +235,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
 /// Starts the guard (which starts the command once it has a deadline) in a process group
 /// of its own, and the channel it will connect to.
-fn start_guard(config: &Config, token: i64, grace: Duration) -> anyhow::Result<(UnixListener, Child)> {
-    let (namespace, lock) = &config.lock;
+fn start_guard(
+    command: &[String],
+    namespace: &str,
+    lock: &str,
+    token: i64,
+    grace: Duration,
+) -> anyhow::Result<(UnixListener, Child)> {
     let (listener, name) = channel::listen().context("failed to open the channel to the command's guard")?;
     // This very binary, even if the file was replaced or deleted since it started. The
     // guard is spawned from the runtime's only thread (the main thread): a parent-death
@@ -139,7 +251,7 @@ fn start_guard(config: &Config, token: i64, grace: Duration) -> anyhow::Result<(
         .arg("run-guard")
         .args(["--parent", &std::process::id().to_string(), "--channel", &name])
         .args(["--grace-ms", &boottime::millis(grace).to_string(), "--"])
-        .args(&config.command)
+        .args(command)
         .env("LEASEHOLD_FENCING_TOKEN", token.to_string())
         .env("LEASEHOLD_LOCK", format!("{namespace}/{lock}"))
         .process_group(0)
@@ -239,13 +351,42 @@ mod tests {
             retry_period: Duration::from_secs(1),
         };
         let ms = Duration::from_millis;
-        assert_eq!(stop_timing(timing(15, 10)), (ms(2_500), ms(3_750)));
-        assert_eq!(stop_timing(timing(3, 2)), (ms(500), ms(750)));
-        // Whatever the timing, both land before the margin runs out.
+        assert_eq!(stop_timing(timing(15, 10), None, "a/b"), Ok((ms(2_500), ms(3_750))));
+        assert_eq!(stop_timing(timing(3, 2), None, "a/b"), Ok((ms(500), ms(750))));
+        assert_eq!(stop_timing(timing(15, 10), Some(ms(1_000)), "a/b"), Ok((ms(1_000), ms(2_250))));
+        assert_eq!(stop_timing(timing(15, 10), Some(ms(0)), "a/b"), Ok((ms(0), ms(1_250))));
+        assert_eq!(stop_timing(timing(15, 10), Some(ms(2_500)), "a/b"), Ok((ms(2_500), ms(3_750))));
+        let too_long = stop_timing(timing(15, 10), Some(ms(2_501)), "a/b").expect_err("past half the margin");
+        assert_eq!(too_long.limit, ms(2_500));
+        assert!(too_long.to_string().contains("lock a/b allows: at most 2.5s"), "{too_long}");
+        // Whatever the timing and the grace allowed, both land before the margin runs out.
         for (lease, renew) in [(15, 10), (3, 2), (60, 59), (3600, 1)] {
-            let (grace, backstop) = stop_timing(timing(lease, renew));
-            assert!(grace <= backstop && backstop < Duration::from_secs(lease - renew), "{lease} {renew}");
+            for requested in [None, Some(ms(0)), Some(ms(400))] {
+                let Ok((grace, backstop)) = stop_timing(timing(lease, renew), requested, "a/b") else { continue };
+                assert!(grace <= backstop && backstop < Duration::from_secs(lease - renew), "{lease} {renew}");
+            }
         }
+    }
+
+    #[test]
+    fn a_wait_of_zero_is_a_try_lock() {
+        let config = |args: &[&str]| {
+            #[derive(clap::Parser)]
+            struct Cli {
+                #[command(flatten)]
+                config: Config,
+            }
+            let argv = ["run"].iter().chain(args).chain(&["--", "true"]);
+            <Cli as clap::Parser>::try_parse_from(argv).map(|c| c.config)
+        };
+        let wait = |args: &[&str]| config(args).expect("valid").acquire_wait();
+        assert_eq!(wait(&["a/b"]), Duration::from_secs(30));
+        assert_eq!(wait(&["a/b", "--wait", "0s"]), TRY_WAIT);
+        assert_eq!(wait(&["a/b", "--try"]), TRY_WAIT);
+        assert_eq!(wait(&["--lock", "a/b", "--wait", "5s"]), Duration::from_secs(5));
+        assert!(config(&["a/b", "--try", "--wait", "5s"]).is_err(), "--try and --wait conflict");
+        assert!(config(&["a/b", "--lock", "a/b"]).is_err(), "the lock is given once");
+        assert!(config(&[]).is_err(), "a lock is required");
     }
 
     #[test]

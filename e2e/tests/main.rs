@@ -4,6 +4,7 @@
 
 mod admission;
 mod chart;
+mod cli;
 mod clients;
 mod controller;
 mod controlplane;

@@ -207,7 +207,7 @@ impl Claimant {
         let deadline = tokio::time::Instant::from_std(started + wait);
         let mut states = lease_states(self.store.api().clone(), lock).boxed();
         let mut early = Vec::new();
-        let (timing, claimed) = {
+        let setup = {
             let setup = async {
                 tokio::join!(
                     self.retrying(deadline, || self.terms(lock)),
@@ -217,15 +217,18 @@ impl Claimant {
             tokio::pin!(setup);
             loop {
                 tokio::select! {
-                    done = &mut setup => break done,
+                    done = &mut setup => break Some(done),
                     Some(state) = states.next() => early.push(state),
-                    _ = tokio::time::sleep_until(deadline) => {
-                        guard.armed = false;
-                        self.withdraw(lock, ticket).await;
-                        return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
-                    }
+                    _ = tokio::time::sleep_until(deadline) => break None,
                 }
             }
+        };
+        // Out of time during setup: withdraw only now that the setup is dropped — a claim
+        // write under way holds the claim book's gate, which the withdrawal waits for.
+        let Some((timing, claimed)) = setup else {
+            guard.armed = false;
+            self.withdraw(lock, ticket).await;
+            return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
         };
         let terms = match timing {
             Ok(t) => t,

@@ -194,7 +194,9 @@ async fn helm_test_runs_leasehold_check_in_a_pod_and_every_check_passes() {
     let output = run(test, "helm test");
     let text = String::from_utf8_lossy(&output.stdout);
     let suites: Vec<&str> = text.split("TEST SUITE:").skip(1).collect();
-    assert_eq!(suites.len(), 6, "the check's ServiceAccount, RBAC and Pod: {text}");
+    // ServiceAccount, ClusterRole and binding, the probe namespace's Role and binding, the
+    // election Lease's Role and binding, and the Pod.
+    assert_eq!(suites.len(), 8, "the check's ServiceAccount, RBAC and Pod: {text}");
     assert!(suites.iter().all(|s| s.contains("Phase:          Succeeded")), "{text}");
     let admin = node().admin_client().await;
     let left = Api::<Pod>::namespaced(admin, NAMESPACE).get_opt("leasehold-check").await.expect("read the Pod");

@@ -1,7 +1,8 @@
 //! `helm test` of the chart: `leasehold check`, run as the chart's test hook would run it
 //! (its ServiceAccount and RBAC from `helm get hooks`, the hook Pod's arguments) but as a
 //! local process — there is no kubelet to run the hook Pod. With the controller serving
-//! the chart's webhooks every check passes; with it gone, the check fails and names the
+//! the chart's webhooks every check passes (a replica leads, the CA is valid, the guard is
+//! installed); with it gone, the check fails and names the
 //! webhook the API server cannot call.
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -81,8 +82,9 @@ async fn helm_test_checks_version_crds_certificate_and_that_the_apiserver_reache
     // Everything in place: every check passes, each on its own line.
     let (code, output) = leasehold(&args, &kubeconfig).await;
     assert_eq!(code, 0, "{output}\ncontroller log:\n{}", controller.log());
-    let lines: Vec<&str> = output.lines().filter(|l| l.starts_with("ok") || l.starts_with("FAIL")).collect();
-    assert_eq!(lines.len(), 10, "{output}");
+    let lines: Vec<&str> =
+        output.lines().filter(|l| l.starts_with("ok") || l.starts_with("WARN") || l.starts_with("FAIL")).collect();
+    assert_eq!(lines.len(), 13, "{output}");
     assert!(lines.iter().all(|l| l.starts_with("ok")), "{output}");
     for expected in [
         format!("kubernetes version: {}", pinned_release()),
@@ -91,6 +93,9 @@ async fn helm_test_checks_version_crds_certificate_and_that_the_apiserver_reache
         "crd forcereleaserequests.leasehold.dev: established".to_owned(),
         "mutatingwebhookconfiguration leasehold: 3 webhooks, each with a CA bundle".to_owned(),
         "validatingwebhookconfiguration leasehold: 1 webhooks, each with a CA bundle".to_owned(),
+        "webhook certificates: 4 CA bundles valid".to_owned(),
+        "controller leader: ".to_owned(),
+        "lease guard: policies and bindings present: leasehold-lease-guard, leasehold-claim-guard".to_owned(),
         "webhook inject.leasehold.dev: reached".to_owned(),
         "webhook fenced.leasehold.dev: reached".to_owned(),
         "webhook force-release.leasehold.dev: reached".to_owned(),
