@@ -13,7 +13,7 @@ set -euo pipefail
 # The toolchains the client libraries' tests build with (clients/): not installed here,
 # because Debian's releases are older than the ones they are written for.
 tools=()
-command -v python3 >/dev/null || tools+=("Python 3.11+ (python3)")
+command -v python3 >/dev/null || tools+=("Python 3.9+ (python3)")
 command -v node >/dev/null && command -v npm >/dev/null || tools+=("Node.js 20+ with npm")
 command -v java >/dev/null && command -v mvn >/dev/null || tools+=("JDK 17+ with Maven (java, mvn)")
 if [ ${#tools[@]} -gt 0 ]; then
