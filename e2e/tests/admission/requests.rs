@@ -318,3 +318,101 @@ async fn the_zero_approval_policy_acts_at_once_as_before() {
     assert!(hold.is_held());
     hold.release().await;
 }
+
+/// The chart's two ClusterRoles, as `helm template` renders them, under names of this
+/// test's own (ClusterRoles are cluster-wide), bound in the test's namespace: `requester`
+/// to the requesters, `approver` to the approvers.
+async fn chart_roles(env: &Env, requesters: &[&TestPod], approvers: &[&TestPod]) -> Vec<String> {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let rendered = crate::chart::helm::Helm::offline().template(&[]).await;
+    let roles: Api<ClusterRole> = Api::all(env.ns.client.clone());
+    let bindings: Api<RoleBinding> = Api::namespaced(env.ns.client.clone(), env.name());
+    let mut names = Vec::new();
+    for (role, who) in [("force-release-requester", requesters), ("force-release-approver", approvers)] {
+        let chart_name = format!("{}-{role}", crate::chart::helm::RELEASE);
+        let mut object = crate::chart::helm::find(&rendered, "ClusterRole", &chart_name)
+            .unwrap_or_else(|| panic!("the chart renders the ClusterRole {chart_name}"))
+            .clone();
+        let name = format!("{}-{role}", env.name());
+        object["metadata"] = json!({"name": name});
+        roles.patch(&name, &PatchParams::apply("e2e"), &Patch::Apply(&object)).await.expect("cluster role");
+        let subjects: Vec<_> = who
+            .iter()
+            .map(|p| json!({"kind": "ServiceAccount", "name": p.service_account, "namespace": env.name()}))
+            .collect();
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": subjects});
+        bindings.patch(role, &PatchParams::apply("e2e"), &Patch::Apply(&binding)).await.expect("role binding");
+        names.push(name);
+    }
+    for pod in requesters {
+        env.wait_allowed(pod, "create", "leasehold.dev", "forcereleaserequests", None).await;
+    }
+    for pod in approvers {
+        env.wait_allowed(pod, "patch", "leasehold.dev", "forcereleaserequests", None).await;
+    }
+    names
+}
+
+#[tokio::test]
+async fn the_charts_requester_and_approver_roles_suffice_and_a_denied_request_revokes_nothing() {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let env = Env::new("adm-frr-deny").await;
+    let controller = env.webhook_controller(None, &[]).await;
+    let (alice, bob, holder) = (env.pod("alice").await, env.pod("bob").await, env.pod("a").await);
+    env.lock(
+        LOCK,
+        DistributedLockSpec {
+            force_release: Some(ForceReleasePolicy { approvals: Some(1) }),
+            ..DistributedLockSpec::default()
+        },
+    )
+    .await;
+    let roles = chart_roles(&env, &[&alice], &[&bob]).await;
+    env.wait_claim_rbac(&holder).await;
+    let hold = holder.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a holds the lock");
+    let token = hold.token();
+
+    // The requester role asks; it cannot approve.
+    let (ok, out) =
+        cli(&env, &alice, &["release", &format!("{}/{LOCK}", env.name()), "--force", "--reason", "worker frozen"])
+            .await;
+    assert!(ok && out.contains("Pending"), "{out}");
+    let api = Api::<ForceReleaseRequest>::namespaced(env.ns.client.clone(), env.name());
+    let name = api.list(&Default::default()).await.expect("list").items.first().expect("one request").name_any();
+    let message = denial(approve(&requests_of(&alice, &env), &name).await);
+    assert!(message.contains(&user(&env, &alice)), "{message}");
+    // The approver role decides; it cannot ask.
+    let message = denial(requests_of(&bob, &env).create(&PostParams::default(), &request("bob asks", 600)).await);
+    assert!(message.contains("forbidden") || message.contains("cannot create"), "{message}");
+
+    // Bob denies, with the CLI: the request ends Denied under his name, and nothing is revoked.
+    let (ok, out) = cli(&env, &bob, &["deny", &format!("{}/{name}", env.name()), "--reason", "it is working"]).await;
+    assert!(ok && out.contains("Denied"), "{out}");
+    let denied = phase(&env, &name, Phase::Denied).await;
+    let denial_record = denied.spec.denial.clone().expect("the denial is recorded");
+    assert_eq!(denial_record.by, user(&env, &bob), "stamped by the webhook");
+    let status = env.locks().get(LOCK).await.expect("lock").status.expect("status");
+    assert_eq!(
+        (status.holder.as_ref().map(|h| h.fencing_token), status.fencing_token),
+        (Some(token), Some(token)),
+        "still held, no token raised"
+    );
+    assert!(status.last_force_release.is_none(), "nothing was revoked: {:?}", status.last_force_release);
+    let history: Vec<(String, Option<String>)> =
+        status.force_release_history.iter().map(|e| (e.event.clone(), e.by.clone())).collect();
+    assert!(history.contains(&("Denied".to_owned(), Some(user(&env, &bob)))), "{history:?}");
+    assert!(hold.is_held(), "the holder still holds");
+    env.event("ForceReleaseDenied", WAIT).await;
+    assert_eq!(counted(&env, &controller, "denied").await, 1.0);
+
+    // A denied request stays denied: a later approval is refused.
+    let message = denial(approve(&requests_of(&bob, &env), &name).await);
+    assert!(message.contains("already Denied"), "{message}");
+    assert!(hold.is_held());
+    hold.release().await;
+    let cluster_roles: Api<ClusterRole> = Api::all(env.ns.client.clone());
+    for role in roles {
+        cluster_roles.delete(&role, &Default::default()).await.expect("remove the test's ClusterRole");
+    }
+}
