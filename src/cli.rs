@@ -2,6 +2,7 @@
 //! policy needs no approval, else a ForceReleaseRequest), `leasehold approve` and
 //! `leasehold deny` ([`request`]); `leasehold status` ([`status`]); `leasehold wait` ([`wait`]); lock arguments ([`target`]).
 
+pub mod columns;
 pub mod request;
 pub mod status;
 pub mod target;

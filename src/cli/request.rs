@@ -75,14 +75,7 @@ pub fn table(requests: &[ForceReleaseRequest]) -> String {
             r.spec.reason.clone(),
         ]);
     }
-    let widths: Vec<usize> = (0..8).map(|i| rows.iter().map(|row| row[i].chars().count()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for row in rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    super::columns::columns(&rows)
 }
 
 /// Lists the requests of a namespace.

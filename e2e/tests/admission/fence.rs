@@ -8,8 +8,8 @@ use leasehold::crd::{ANNOTATION_TOKEN, DistributedLock, DistributedLockSpec, LAB
 use serde_json::json;
 
 use super::{LOCK, WAIT, denial};
-use crate::support::Env;
 use crate::support::watch::until_gone;
+use crate::support::{Env, TestPod};
 
 /// Writes ConfigMap `inventory` fenced by [`LOCK`] with `token` (server-side apply).
 pub async fn fenced_write(cms: &Api<ConfigMap>, token: Option<i64>, value: &str) -> kube::Result<ConfigMap> {
@@ -34,6 +34,16 @@ async fn relabel(
 ) -> kube::Result<ConfigMap> {
     let patch = json!({"metadata": {"labels": {LABEL_FENCED_BY: lock}, "annotations": {ANNOTATION_TOKEN: token}}});
     cms.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await
+}
+
+/// a holds [`LOCK`] and writes the fenced ConfigMap with its token, then lets go and b
+/// holds it: a's token (now stale) and b's hold.
+async fn a_then_b(env: &Env, cms: &Api<ConfigMap>, a: &TestPod, b: &TestPod) -> (i64, leasehold::claim::Hold) {
+    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    let stale = hold_a.token();
+    fenced_write(cms, Some(stale), "10").await.expect("a's write with the current token");
+    hold_a.release().await;
+    (stale, b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b acquires"))
 }
 
 #[tokio::test]
@@ -78,11 +88,7 @@ async fn a_fenced_object_cannot_escape_its_lock_by_relabelling_unlabelling_or_de
     let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
 
     // a writes under the lock; then b holds it, and a's token is stale.
-    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
-    let stale = hold_a.token();
-    fenced_write(&cms, Some(stale), "10").await.expect("a's write with the current token");
-    hold_a.release().await;
-    let hold_b = b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b acquires");
+    let (stale, hold_b) = a_then_b(&env, &cms, &a, &b).await;
     let current = hold_b.token();
     // The other lock's current token, which anyone who can read it knows.
     let other = a.claimant(env.name()).acquire("other", WAIT).await.expect("a acquires the other lock");
@@ -151,11 +157,7 @@ async fn a_refused_stale_write_is_counted_and_recorded_on_the_lock() {
     let denied = "leasehold_webhook_requests_total{webhook=\"fence\",outcome=\"denied\"}";
     let allowed = "leasehold_webhook_requests_total{webhook=\"fence\",outcome=\"allowed\"}";
 
-    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
-    let stale = hold_a.token();
-    fenced_write(&cms, Some(stale), "10").await.expect("a's write with the current token");
-    hold_a.release().await;
-    let hold_b = b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b acquires");
+    let (stale, hold_b) = a_then_b(&env, &cms, &a, &b).await;
     let current = hold_b.token();
     assert_eq!(controller.process.metric(refused).await, None, "nothing refused yet");
     assert!(controller.process.metric(allowed).await >= Some(1.0), "the admitted write is counted");

@@ -106,6 +106,18 @@ async fn cli(env: &Env, pod: &TestPod, args: &[&str]) -> (bool, String) {
     (output.status.success(), text)
 }
 
+/// `pod` asks for a force release of [`LOCK`] with `leasehold release --force`, on a lock
+/// whose policy needs approvals: the CLI's output, and the one request it made, Pending.
+async fn ask(env: &Env, pod: &TestPod) -> (String, ForceReleaseRequest) {
+    let lock = format!("{}/{LOCK}", env.name());
+    let (ok, out) = cli(env, pod, &["release", &lock, "--force", "--reason", "worker frozen"]).await;
+    assert!(ok && out.contains("Pending"), "{out}");
+    let api = Api::<ForceReleaseRequest>::namespaced(env.ns.client.clone(), env.name());
+    let listed = api.list(&Default::default()).await.expect("list");
+    assert_eq!(listed.items.len(), 1, "one request: {listed:?}");
+    (out, listed.items[0].clone())
+}
+
 /// Waits until `hold` learns it was revoked.
 async fn revoked(hold: &Hold) {
     match tokio::time::timeout(WAIT, hold.lost()).await {
@@ -138,13 +150,9 @@ async fn a_force_release_request_needs_a_second_persons_approval_then_revokes_th
     let token = hold.token();
 
     // Alice asks, with the CLI: the policy needs an approval, so it makes a request.
-    let (ok, out) =
-        cli(&env, &alice, &["release", &format!("{}/{LOCK}", env.name()), "--force", "--reason", "worker frozen"])
-            .await;
-    assert!(ok && out.contains("Pending") && out.contains("leasehold approve"), "{out}");
+    let (out, stored) = ask(&env, &alice).await;
+    assert!(out.contains("leasehold approve"), "{out}");
     let api = Api::<ForceReleaseRequest>::namespaced(env.ns.client.clone(), env.name());
-    let listed = api.list(&Default::default()).await.expect("list");
-    let stored = listed.items.first().expect("one request").clone();
     let name = stored.name_any();
     assert_eq!(stored.spec.requester.as_deref(), Some(user(&env, &alice).as_str()), "stamped from userInfo");
     assert_eq!(
@@ -374,12 +382,7 @@ async fn the_charts_requester_and_approver_roles_suffice_and_a_denied_request_re
     let token = hold.token();
 
     // The requester role asks; it cannot approve.
-    let (ok, out) =
-        cli(&env, &alice, &["release", &format!("{}/{LOCK}", env.name()), "--force", "--reason", "worker frozen"])
-            .await;
-    assert!(ok && out.contains("Pending"), "{out}");
-    let api = Api::<ForceReleaseRequest>::namespaced(env.ns.client.clone(), env.name());
-    let name = api.list(&Default::default()).await.expect("list").items.first().expect("one request").name_any();
+    let name = ask(&env, &alice).await.1.name_any();
     let message = denial(approve(&requests_of(&alice, &env), &name).await);
     assert!(message.contains(&user(&env, &alice)), "{message}");
     // The approver role decides; it cannot ask.

@@ -438,14 +438,7 @@ fn table<const N: usize>(header: [&str; N], rows: impl Iterator<Item = [String; 
     if rows.len() == 1 {
         return "(none)\n".to_owned();
     }
-    let widths: Vec<usize> = (0..N).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for row in rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    crate::cli::columns::columns(&rows)
 }
 
 fn indent(text: &str) -> String {
