@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram};
 use prometheus_client::registry::Registry;
 
@@ -39,28 +39,11 @@ fn long_buckets() -> impl Iterator<Item = f64> {
     SECONDS_TO_DAYS.into_iter()
 }
 
-/// Why the controller took a hold away.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum RevokeReason {
-    /// No renewal seen for a lease duration.
-    Expired,
-    /// The holder's Pod is gone.
-    PodGone,
-    /// The grant was never confirmed.
-    Unconfirmed,
-    /// Held longer than `maxHoldSeconds`.
-    MaxHold,
-    /// An operator forced it.
-    Forced,
-    /// The DistributedLock is being deleted.
-    LockDeleted,
-}
-
 /// Label set for revocations.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// Why.
-    pub reason: RevokeReason,
+    /// Why ([`crate::lease::RevokeReason::as_str`]).
+    pub reason: String,
 }
 
 /// Label set for errors.
@@ -349,7 +332,7 @@ mod tests {
         apiserver.requests.get_or_create(&VerbCodeLabel { verb: "get", code: "200".into() }).inc();
         apiserver.request_seconds.get_or_create(&VerbLabel { verb: "get" }).observe(0.01);
         let m = ControllerMetrics::register(&mut controller);
-        m.revocations.get_or_create(&ReasonLabel { reason: RevokeReason::Expired }).inc();
+        m.revocations.get_or_create(&ReasonLabel { reason: crate::lease::RevokeReason::Expired.as_str().into() }).inc();
         m.reconcile_errors.get_or_create(&CategoryLabel { category: "status".into() }).inc();
         m.force_release_requests.get_or_create(&OutcomeLabel { outcome: "executed".into() }).inc();
         let w = WebhookMetrics::register(&mut controller);

@@ -17,8 +17,9 @@ use super::status::{Granted, Outcome};
 use super::view::{Claim, LeaseState};
 use super::{build, claims, clocks, force, lock_lease};
 use crate::crd::{DistributedLock, LockClaim};
+use crate::lease::RevokeReason;
 use crate::lease::{self, CasStore, GrantedTiming, LeaseStore};
-use crate::metrics::{ReasonLabel, RevokeReason};
+use crate::metrics::ReasonLabel;
 
 /// What a decision's writes produced.
 pub struct Applied {
@@ -58,7 +59,7 @@ impl Write<'_> {
         let LeaseState::Draining(d) = self.state else { return };
         let token = d.revoked.map_or_else(|| "unknown".to_owned(), |t| t.to_string());
         let how = if d.holder.is_none() { "acknowledged by its holder" } else { "timed out" };
-        info!(namespace = %self.key.0, lock = %self.key.1, token, how, "drain over");
+        info!(namespace = %self.key.namespace, lock = %self.key.name, token, how, "drain over");
         publish(self.ctx, self.lock, EventType::Normal, "Drained", format!("drain of token {token} {how}"), None);
     }
 
@@ -96,7 +97,7 @@ impl Write<'_> {
         if let Some(ms) = handoff_ms {
             ctx.metrics.handoff_seconds.observe(ms as f64 / 1000.0);
         }
-        info!(namespace = %key.0, lock = %key.1, token, holder = %head.identity, waited, "granted");
+        info!(namespace = %key.namespace, lock = %key.name, token, holder = %head.identity, waited, "granted");
         let note = format!("granted to {} with token {token}", head.identity);
         publish(ctx, self.lock, EventType::Normal, "Granted", note, head.identity.pod.as_ref());
         let mut outcome =
@@ -128,9 +129,9 @@ impl Write<'_> {
     async fn revoked(&self, revocation: &Revocation, raised_to: i64) {
         let (ctx, key) = (self.ctx, self.key);
         let LeaseState::Held(hold) = self.state else { return };
-        ctx.metrics.revocations.get_or_create(&ReasonLabel { reason: revocation.reason.clone() }).inc();
+        ctx.metrics.revocations.get_or_create(&ReasonLabel { reason: revocation.reason.as_str().into() }).inc();
         let token = revocation.token.map_or_else(|| "none".to_owned(), |t| t.to_string());
-        warn!(namespace = %key.0, lock = %key.1, token, raised_to, holder = %hold.identity, reason = ?revocation.reason, "revoked");
+        warn!(namespace = %key.namespace, lock = %key.name, token, raised_to, holder = %hold.identity, reason = ?revocation.reason, "revoked");
         let (event, why) = events::revocation(&revocation.reason);
         let note = match &revocation.reason {
             RevokeReason::Forced => {

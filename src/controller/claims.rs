@@ -18,8 +18,8 @@ pub fn of_lock(ctx: &Context, key: &LockKey, timing: &Timing) -> Vec<Claim> {
         .claims
         .state()
         .iter()
-        .filter(|c| c.namespace().as_deref() == Some(key.0.as_str()))
-        .filter_map(|c| view::claim(c, &key.1, cap))
+        .filter(|c| c.namespace().as_deref() == Some(key.namespace.as_str()))
+        .filter_map(|c| view::claim(c, &key.name, cap))
         .collect();
     super::queue::order(&mut claims);
     claims
@@ -29,7 +29,7 @@ pub fn of_lock(ctx: &Context, key: &LockKey, timing: &Timing) -> Vec<Claim> {
 pub async fn delete_stale(store: &CasStore<LockClaim>, key: &LockKey, stale: &[&Claim]) {
     for claim in stale {
         if let Err(e) = store.delete_if(&claim.name, Precondition::ResourceVersion(&claim.resource_version)).await {
-            warn!(namespace = %key.0, lock = %key.1, claim = %claim.name, error = %e, "failed to delete stale claim");
+            warn!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, error = %e, "failed to delete stale claim");
         }
     }
 }
@@ -39,6 +39,6 @@ pub async fn delete_stale(store: &CasStore<LockClaim>, key: &LockKey, stale: &[&
 pub async fn delete_revoked(store: &CasStore<LockClaim>, key: &LockKey, claim: Option<&Claim>) {
     let Some(claim) = claim else { return };
     if let Err(e) = store.delete_if(&claim.name, Precondition::Uid(&claim.uid)).await {
-        warn!(namespace = %key.0, lock = %key.1, claim = %claim.name, error = %e, "failed to delete the revoked holder's claim");
+        warn!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, error = %e, "failed to delete the revoked holder's claim");
     }
 }

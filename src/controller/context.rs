@@ -8,10 +8,10 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::Client;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
 
 use crate::crd::{DistributedLock, DistributedLockStatus, ForceReleaseRequest, LockClaim};
 use crate::lease::clock::Sighting;
@@ -35,7 +35,31 @@ pub struct Settings {
 }
 
 /// A lock's key: namespace and name.
-pub type LockKey = (String, String);
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LockKey {
+    /// The lock's namespace.
+    pub namespace: String,
+    /// The lock's name.
+    pub name: String,
+}
+
+impl LockKey {
+    /// The key of `lock`.
+    pub fn of(lock: &DistributedLock) -> Self {
+        Self { namespace: lock.namespace().unwrap_or_default(), name: lock.name_any() }
+    }
+
+    /// The key of lock `name` in `namespace`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl std::fmt::Display for LockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
 
 /// What identifies one renewal of a hold.
 pub type HolderKey = (String, Option<i64>, Option<MicroTime>);
@@ -152,9 +176,9 @@ impl HolderIndex {
     /// Records that `pod` (or nobody) holds `lock`.
     pub fn set(&mut self, lock: &LockKey, pod: Option<&str>) {
         if let Some(old) = self.by_lock.remove(lock) {
-            let pod_key = (lock.0.clone(), old);
+            let pod_key = (lock.namespace.clone(), old);
             if let Some(locks) = self.by_pod.get_mut(&pod_key) {
-                locks.remove(&lock.1);
+                locks.remove(&lock.name);
                 if locks.is_empty() {
                     self.by_pod.remove(&pod_key);
                 }
@@ -162,7 +186,7 @@ impl HolderIndex {
         }
         if let Some(pod) = pod {
             self.by_lock.insert(lock.clone(), pod.to_owned());
-            self.by_pod.entry((lock.0.clone(), pod.to_owned())).or_default().insert(lock.1.clone());
+            self.by_pod.entry((lock.namespace.clone(), pod.to_owned())).or_default().insert(lock.name.clone());
         }
     }
 
@@ -182,7 +206,7 @@ mod tests {
     #[test]
     fn holder_index_tracks_moves() {
         let mut index = HolderIndex::default();
-        let (a, b) = (("ns".to_owned(), "a".to_owned()), ("ns".to_owned(), "b".to_owned()));
+        let (a, b) = (LockKey::new("ns", "a"), LockKey::new("ns", "b"));
         index.set(&a, Some("p1"));
         index.set(&b, Some("p1"));
         assert_eq!(index.locks_of("ns", "p1").len(), 2);

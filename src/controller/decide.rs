@@ -17,8 +17,8 @@
 
 use std::time::Duration;
 
+use crate::lease::RevokeReason;
 use crate::lease::{GrantedTiming, token};
-use crate::metrics::RevokeReason;
 
 /// Test only (`broken-regrant-at-once`): revoke and grant in one write for every reason,
 /// never draining, to show that the fault suite catches a controller that does.

@@ -10,8 +10,8 @@ use tracing::warn;
 
 use super::context::Context;
 use crate::crd::DistributedLock;
+use crate::lease::RevokeReason;
 use crate::lease::identity::PodRef;
-use crate::metrics::RevokeReason;
 
 /// Every Event reason the controller records (its admission webhooks included).
 pub const EVENT_REASONS: [&str; 21] = [

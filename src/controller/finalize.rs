@@ -27,14 +27,14 @@ pub fn with(lock: &DistributedLock, ours: bool) -> Vec<String> {
 }
 
 async fn set(ctx: &Context, lock: &DistributedLock, key: &LockKey, ours: bool) -> Result<(), Error> {
-    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.0);
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     // The finalizer list is replaced whole: only if the lock is unchanged since read.
     let patch = json!({"metadata": {"resourceVersion": lock.resource_version(), "finalizers": with(lock, ours)}});
-    api.patch(&key.1, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ()).map_err(|source| {
+    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ()).map_err(|source| {
         Error::Finalizer {
             verb: if ours { "add" } else { "remove" },
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             source,
         }
     })
@@ -53,7 +53,7 @@ pub async fn finish(ctx: &Context, lock: &DistributedLock, key: &LockKey) -> Res
     if present(lock) {
         set(ctx, lock, key, false).await?;
     }
-    tracing::info!(namespace = %key.0, lock = %key.1, "lock deleted: its lock Lease is gone");
+    tracing::info!(namespace = %key.namespace, lock = %key.name, "lock deleted: its lock Lease is gone");
     Ok(())
 }
 

@@ -31,8 +31,8 @@ use crate::crd::{
     ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_BY, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLock,
     ForceRelease,
 };
+use crate::lease::RevokeReason;
 use crate::lease::token;
-use crate::metrics::RevokeReason;
 
 /// The value of the target annotation when nothing was held.
 pub const NO_TARGET: &str = "none";
@@ -86,18 +86,18 @@ pub fn targets(request: &Request, held: Option<i64>) -> bool {
 }
 
 fn annotation_error(error: kube::Error, key: &LockKey) -> Error {
-    Error::Annotation { namespace: key.0.clone(), name: key.1.clone(), source: error }
+    Error::Annotation { namespace: key.namespace.clone(), name: key.name.clone(), source: error }
 }
 
 /// Stamps the target of an unstamped request, by compare-and-swap on the lock's
 /// resourceVersion (a lock changed meanwhile is looked at again).
 pub async fn stamp(ctx: &Context, lock: &DistributedLock, key: &LockKey, target: &str) -> Result<(), Error> {
-    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.0);
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let patch = json!({"metadata": {
         "resourceVersion": lock.resource_version(),
         "annotations": {ANNOTATION_FORCE_RELEASE_TARGET: target},
     }});
-    api.patch(&key.1, &PatchParams::default(), &Patch::Merge(patch))
+    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map(|_| ())
         .map_err(|e| annotation_error(e, key))
@@ -106,13 +106,13 @@ pub async fn stamp(ctx: &Context, lock: &DistributedLock, key: &LockKey, target:
 /// Clears a request carried out (or found stale), only if the lock is unchanged since it
 /// was read: a new request made meanwhile is never cleared unseen.
 pub async fn clear(ctx: &Context, lock: &DistributedLock, key: &LockKey) -> Result<(), Error> {
-    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.0);
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     // A JSON merge patch with null removes the annotations; a typed None would be dropped.
     let patch = json!({"metadata": {
         "resourceVersion": lock.resource_version(),
         "annotations": {ANNOTATION_FORCE_RELEASE: null, ANNOTATION_FORCE_RELEASE_BY: null, ANNOTATION_FORCE_RELEASE_TARGET: null},
     }});
-    api.patch(&key.1, &PatchParams::default(), &Patch::Merge(patch))
+    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map(|_| ())
         .map_err(|e| annotation_error(e, key))
@@ -169,7 +169,7 @@ pub async fn settle(
     let revoked_token = (revoked_now || draining_target).then_some(target).flatten();
     if revoked_token.is_none() {
         let what = target.map_or_else(|| "nothing was held".to_owned(), |t| format!("token {t} no longer holds"));
-        info!(namespace = %key.0, lock = %key.1, %what, "force release cleared without revoking");
+        info!(namespace = %key.namespace, lock = %key.name, %what, "force release cleared without revoking");
         let note = format!("force release by {} ({}) revoked nothing: {what}", request.by, request.reason);
         publish(ctx, lock, EventType::Normal, "ForceReleaseSkipped", note, None);
     }

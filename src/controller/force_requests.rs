@@ -66,7 +66,7 @@ pub fn judge(
         .requests
         .state()
         .into_iter()
-        .filter(|r| r.namespace().as_deref() == Some(key.0.as_str()) && r.spec.lock == key.1)
+        .filter(|r| r.namespace().as_deref() == Some(key.namespace.as_str()) && r.spec.lock == key.name)
         .collect();
     mine.sort_by(|a, b| {
         (a.metadata.creation_timestamp.as_ref().map(|t| t.0), a.name_any())
@@ -150,7 +150,7 @@ pub async fn record(
         if previous == Some(&next) {
             continue;
         }
-        let api: Api<ForceReleaseRequest> = Api::namespaced(ctx.client.clone(), &key.0);
+        let api: Api<ForceReleaseRequest> = Api::namespaced(ctx.client.clone(), &key.namespace);
         let patch = json!({
             "apiVersion": ForceReleaseRequest::api_version(&()),
             "kind": ForceReleaseRequest::kind(&()),
@@ -159,8 +159,8 @@ pub async fn record(
         if let Err(source) =
             api.patch_status(&name, &PatchParams::apply(MANAGER_CONTROLLER).force(), &Patch::Apply(patch)).await
         {
-            warn!(namespace = %key.0, request = %name, error = %source, "failed to write a force-release request's status");
-            first_error.get_or_insert(Error::Request { namespace: key.0.clone(), name, source });
+            warn!(namespace = %key.namespace, request = %name, error = %source, "failed to write a force-release request's status");
+            first_error.get_or_insert(Error::Request { namespace: key.namespace.clone(), name, source });
             continue;
         }
         let entries = requests::entries(&name, &j.request.spec, previous, &next, now);
@@ -190,7 +190,7 @@ fn announce(ctx: &Context, lock: &DistributedLock, key: &LockKey, entry: &ForceR
     let by = entry.by.as_deref().map(|b| format!(" by {b}")).unwrap_or_default();
     let details = entry.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
     let note = format!("forcereleaserequest {request} {}{by}{details}", entry.event.to_ascii_lowercase());
-    info!(namespace = %key.0, lock = %key.1, %request, event = %entry.event, "force-release request");
+    info!(namespace = %key.namespace, lock = %key.name, %request, event = %entry.event, "force-release request");
     publish(ctx, lock, type_, reason, note, None);
 }
 
@@ -208,7 +208,7 @@ pub async fn refuse_annotation(
     let message = format!(
         "the lock needs {required} approval(s) for a force release: create a ForceReleaseRequest (`leasehold release --force` does)"
     );
-    warn!(namespace = %key.0, lock = %key.1, by = %request.by, "force-release annotation refused: approvals needed");
+    warn!(namespace = %key.namespace, lock = %key.name, by = %request.by, "force-release annotation refused: approvals needed");
     publish(
         ctx,
         lock,

@@ -31,13 +31,13 @@ pub async fn current(
     fresh: bool,
 ) -> Result<Option<Lease>, Error> {
     if fresh {
-        return Ok(store.get(&key.1).await?);
+        return Ok(store.get(&key.name).await?);
     }
-    let cached = ctx.leases.get(&ObjectRef::new(&key.1).within(&key.0)).map(|l| (*l).clone());
+    let cached = ctx.leases.get(&ObjectRef::new(&key.name).within(&key.namespace)).map(|l| (*l).clone());
     let written = ctx.with_memory(key, uid, |m| m.written.clone());
     match choose(cached, written) {
         Some(lease) => Ok(Some(lease)),
-        None => Ok(store.get(&key.1).await?),
+        None => Ok(store.get(&key.name).await?),
     }
 }
 

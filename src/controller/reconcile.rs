@@ -61,17 +61,17 @@ pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>
 }
 
 async fn reconcile_lock(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
-    let key: LockKey = (lock.namespace().unwrap_or_default(), lock.name_any());
+    let key = LockKey::of(lock);
     let uid = lock.uid().unwrap_or_default();
     let deleting = lock.metadata.deletion_timestamp.is_some();
     if deleting && !finalize::present(lock) {
         return Ok(Action::await_change());
     }
     if ctx.settings.manage_rbac && !deleting {
-        rbac::ensure(ctx, &key.0).await?;
+        rbac::ensure(ctx, &key.namespace).await?;
     }
     finalize::ensure(ctx, lock, &key).await?;
-    let store = LeaseStore::new(ctx.client.clone(), &key.0, MANAGER_CONTROLLER);
+    let store = LeaseStore::new(ctx.client.clone(), &key.namespace, MANAGER_CONTROLLER);
     // A conflict means our view was stale, and a Lease gone under a write must be
     // re-created: read the Lease afresh and decide again.
     let mut fresh = false;
@@ -127,7 +127,7 @@ async fn own_lease(
         let orphan = recreate::orphan(seen.as_ref(), status, &spec);
         let created = match (orphan, token::mint(token, Timestamp::now().as_millisecond())) {
             (Some(orphan), Some(raise_to)) => {
-                warn!(namespace = %key.0, lock = %key.1, holder = %orphan.identity, token = orphan.token, raise_to,
+                warn!(namespace = %key.namespace, lock = %key.name, holder = %orphan.identity, token = orphan.token, raise_to,
                     "the lock lease was deleted under a hold: re-creating it draining that hold");
                 let note = format!(
                     "the lock Lease was deleted while {} held token {}: re-created draining that hold (token raised to {raise_to})",
@@ -138,16 +138,16 @@ async fn own_lease(
                 recreate::recreated(lock, raise_to, &orphan, &spec)
             }
             _ => {
-                info!(namespace = %key.0, lock = %key.1, token, "creating lock lease");
+                info!(namespace = %key.namespace, lock = %key.name, token, "creating lock lease");
                 build::new_lock_lease(lock, token)
             }
         };
         return Ok(Ok(lock_lease::write(ctx, key, &uid, store, None, &created).await?));
     };
-    match view::ownership(&lease, &key.1, &uid) {
+    match view::ownership(&lease, &key.name, &uid) {
         Ownership::Ours => Ok(Ok(lease)),
         Ownership::PreviousIncarnation => {
-            info!(namespace = %key.0, lock = %key.1, "adopting the lock lease of a re-created lock");
+            info!(namespace = %key.namespace, lock = %key.name, "adopting the lock lease of a re-created lock");
             Ok(Ok(lock_lease::write(ctx, key, &uid, store, Some(&lease), &build::adopted(&lease, lock)).await?))
         }
         // A Lease that is not ours is left alone, also when the lock goes.
@@ -199,7 +199,7 @@ async fn step(
     };
     let (mut live, mut stale) = super::queue::split(&claims, held.map(|h| h.identity.id.as_str()), age_of);
     if !deleting {
-        pods::serveable_head(ctx, &key.0, &lock.spec.clients, &mut live, &mut stale).await?;
+        pods::serveable_head(ctx, &key.namespace, &lock.spec.clients, &mut live, &mut stale).await?;
     }
 
     // The one-step annotation acts only where the policy needs no approvals.
@@ -216,7 +216,7 @@ async fn step(
         && request.target == Target::Unstamped
     {
         let target = force::target_of(held.and_then(|h| h.token));
-        info!(namespace = %key.0, lock = %key.1, %target, "force release without a target: it targets the current hold");
+        info!(namespace = %key.namespace, lock = %key.name, %target, "force release without a target: it targets the current hold");
         force::stamp(ctx, lock, key, &target).await?;
         return Ok(Action::await_change());
     }
@@ -239,7 +239,7 @@ async fn step(
             unchanged_for,
             held_for,
             pod_gone: match &h.identity.pod {
-                Some(pod) => pods::pod_gone(ctx, &key.0, pod).await?,
+                Some(pod) => pods::pod_gone(ctx, &key.namespace, pod).await?,
                 None => false,
             },
             claim_present: claims.iter().any(|c| c.identity == h.identity),
@@ -265,7 +265,7 @@ async fn step(
         return Ok(Action::await_change());
     }
 
-    let claim_store = CasStore::<LockClaim>::new(ctx.client.clone(), &key.0, MANAGER_CONTROLLER);
+    let claim_store = CasStore::<LockClaim>::new(ctx.client.clone(), &key.namespace, MANAGER_CONTROLLER);
     let write = apply::Write {
         ctx,
         lock,
@@ -281,7 +281,7 @@ async fn step(
         Decision::Blocked(blocked) => return not_ready(lock, ctx, key, blocked_ready(&blocked)).await,
         Decision::DeleteLease => {
             write.drained();
-            store.delete(&key.1, lease.resource_version().as_deref()).await?;
+            store.delete(&key.name, lease.resource_version().as_deref()).await?;
             finalize::finish(ctx, lock, key).await?;
             return Ok(Action::await_change());
         }
@@ -368,7 +368,7 @@ fn announce(ctx: &Context, lock: &DistributedLock, key: &LockKey, ready: &Ready)
     let already =
         lock.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.reason == reason));
     if !already {
-        warn!(namespace = %key.0, lock = %key.1, %message, reason, "lock cannot be granted");
+        warn!(namespace = %key.namespace, lock = %key.name, %message, reason, "lock cannot be granted");
         publish(ctx, lock, EventType::Warning, reason, message.clone(), None);
     }
 }
@@ -447,15 +447,15 @@ async fn apply_status(
         let note = format!("released by {} (token {})", old.identity, old.fencing_token);
         publish(ctx, lock, EventType::Normal, "Released", note, pod.as_ref());
     }
-    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.0);
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let patch = json!({
         "apiVersion": DistributedLock::api_version(&()),
         "kind": DistributedLock::kind(&()),
         "status": desired,
     });
-    api.patch_status(&key.1, &PatchParams::apply(MANAGER_CONTROLLER).force(), &Patch::Apply(patch))
+    api.patch_status(&key.name, &PatchParams::apply(MANAGER_CONTROLLER).force(), &Patch::Apply(patch))
         .await
-        .map_err(|source| Error::Status { namespace: key.0.clone(), name: key.1.clone(), source })?;
+        .map_err(|source| Error::Status { namespace: key.namespace.clone(), name: key.name.clone(), source })?;
     ctx.with_memory(key, &uid, |m| {
         m.status = Some(desired);
         m.pending = None;

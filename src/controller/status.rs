@@ -10,8 +10,8 @@ use crate::crd::{
     DistributedLockStatus, ForceRelease, ForceReleaseEntry, HolderStatus, WaiterStatus, defaults::MAX_LISTED_WAITERS,
 };
 use crate::crd_force::limits::HISTORY;
+use crate::lease::RevokeReason;
 use crate::lease::Timing;
-use crate::metrics::RevokeReason;
 
 /// A grant made in this reconcile.
 #[derive(Clone, Debug, PartialEq)]

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod election;
 pub mod granted;
 pub mod identity;
+pub mod revoke;
 pub mod timing;
 pub mod token;
 
@@ -32,4 +33,5 @@ pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
 }
 pub use granted::GrantedTiming;
 pub use identity::Identity;
+pub use revoke::RevokeReason;
 pub use timing::Timing;
