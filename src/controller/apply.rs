@@ -1,162 +1,172 @@
-//! The Lease writes of one reconcile, each followed by what it entails: the grant
-//! recorded in memory and counted, a revocation counted and announced with its own Event
-//! reason and its holder's claim dropped, the end of a drain announced.
+//! A plan's writes, in order, each recorded once it lands: the lock Lease (compare-and-
+//! swap), the revoked holders' claims, the force release's annotation and the requests'
+//! statuses, the stale claims, and the lock's status (server-side apply, only when it
+//! changed). A failed status write loses nothing: what the plan did waits in memory for
+//! the next one.
 
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::events::EventType;
-use tracing::{info, warn};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::warn;
 
 use super::context::{Context, LockKey};
-use super::decide::{self, Revocation};
 use super::error::Error;
-use super::events::{self, publish};
-use super::status::{Granted, Outcome};
-use super::view::{Claim, LeaseState};
-use super::{build, claims, clocks, force, lock_lease};
-use crate::crd::{DistributedLock, LockClaim};
-use crate::lease::RevokeReason;
-use crate::lease::{self, CasStore, GrantedTiming, LeaseStore};
-use crate::metrics::ReasonLabel;
+use super::plan::{First, LeaseWrite, Plan, RequestUpdate, StatusPlan};
+use super::{claims, finalize, force, lock_lease, record, status};
+use crate::crd::{DistributedLock, ForceReleaseEntry, ForceReleaseRequest, LockClaim, MANAGER_CONTROLLER};
+use crate::lease::{CasStore, LeaseStore};
 
-/// What a decision's writes produced.
-pub struct Applied {
-    /// The Lease after them.
-    pub lease: Lease,
-    /// What they did, for status.
-    pub outcome: Outcome,
-    /// When to look again.
-    pub recheck: Option<Duration>,
-}
-
-/// The writes of one reconcile, with what they need.
-pub struct Write<'a> {
+/// Where a plan is written.
+pub struct Target<'a> {
     /// Shared controller state.
     pub ctx: &'a Context,
     /// The lock.
     pub lock: &'a DistributedLock,
-    /// Its namespace and name.
+    /// Its key.
     pub key: &'a LockKey,
-    /// Its UID (keys the controller's memory).
-    pub uid: &'a str,
     /// Lock Leases of its namespace.
     pub store: &'a LeaseStore,
-    /// LockClaims of its namespace.
-    pub claim_store: &'a CasStore<LockClaim>,
-    /// The lock Lease the decision was made from.
-    pub lease: &'a Lease,
-    /// What that Lease said.
-    pub state: &'a LeaseState,
-    /// The force release acted on in this reconcile, if any.
-    pub force: Option<&'a force::Request>,
+    /// The lock Lease the plan was made from (`None`: the lock has none of its own).
+    pub lease: Option<&'a Lease>,
+    /// When the plan's observation was made.
+    pub observed: Instant,
 }
 
-impl Write<'_> {
-    /// A drain ends (the next write frees the Lease, grants it, or deletes it): say so.
-    pub fn drained(&self) {
-        let LeaseState::Draining(d) = self.state else { return };
-        let token = d.revoked.map_or_else(|| "unknown".to_owned(), |t| t.to_string());
-        let how = if d.holder.is_none() { "acknowledged by its holder" } else { "timed out" };
-        info!(namespace = %self.key.namespace, lock = %self.key.name, token, how, "drain over");
-        publish(self.ctx, self.lock, EventType::Normal, "Drained", format!("drain of token {token} {how}"), None);
-    }
-
-    /// Grants the head of the queue, revoking the current hold in the same write if told.
-    pub async fn grant(
-        &self,
-        head: &Claim,
-        token: i64,
-        revoked: Option<&Revocation>,
-        terms: &GrantedTiming,
-        wall: Timestamp,
-        inputs: &decide::Inputs,
-    ) -> Result<Applied, Error> {
-        let (ctx, key) = (self.ctx, self.key);
-        self.drained();
-        let reason = revoked.map(|r| format!("{:?}", r.reason));
-        let desired = build::granted(self.lease, head, token, terms, wall, reason.as_deref());
-        let written = lock_lease::write(ctx, key, self.uid, self.store, Some(self.lease), &desired).await?;
-        ctx.record_issued(key, token);
-        ctx.with_memory(key, self.uid, |m| clocks::granted(m, &head.identity.id, token, Instant::now()));
-        let waited = wall.duration_since(head.requested).as_secs_f64().max(0.0);
-        // From the holder's release (the Lease's last renewal) to this grant; none after a drain.
-        let handoff_ms = match (&inputs.current, revoked) {
-            (decide::Current::Free, None) => self
-                .lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.renew_time.as_ref())
-                .map(|t| wall.duration_since(t.0).as_millis().max(0) as i64),
-            (decide::Current::Draining(_), _) => None,
-            _ => Some(0),
-        };
-        ctx.metrics.grants.inc();
-        ctx.metrics.wait_seconds.observe(waited);
-        if let Some(ms) = handoff_ms {
-            ctx.metrics.handoff_seconds.observe(ms as f64 / 1000.0);
+/// Makes the writes of `plan` and records each as it lands; says when to look again.
+pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
+    let (ctx, lock, key) = (t.ctx, t.lock, t.key);
+    if let Some(first) = &plan.first {
+        match first {
+            First::Stamp(target) => force::stamp(ctx, lock, key, target).await?,
+            First::Refuse(_) => force::clear(ctx, lock, key).await?,
         }
-        info!(namespace = %key.namespace, lock = %key.name, token, holder = %head.identity, waited, "granted");
-        let note = format!("granted to {} with token {token}", head.identity);
-        publish(ctx, self.lock, EventType::Normal, "Granted", note, head.identity.pod.as_ref());
-        let mut outcome =
-            Outcome { granted: Some(Granted { waited_seconds: waited, handoff_ms }), ..Outcome::default() };
-        if let Some(r) = revoked {
-            self.revoked(r, token).await;
-            outcome.revoked = Some(r.reason.clone());
+        record::first(ctx, lock, key, first);
+        return Ok(Action::await_change());
+    }
+    if plan.lease != LeaseWrite::Keep && !ctx.leadership.is_leading() {
+        return Ok(Action::await_change());
+    }
+    let uid = lock.uid().unwrap_or_default();
+    match (&plan.lease, t.lease) {
+        (LeaseWrite::Keep, _) => {}
+        (LeaseWrite::Replace(desired), current @ Some(_)) => {
+            lock_lease::write(ctx, key, &uid, t.store, current, desired).await?;
+            record::lease_written(ctx, lock, key, &plan, t.observed);
         }
-        Ok(Applied { lease: written, outcome, recheck: Some(ctx.settings.confirm_timeout) })
+        (LeaseWrite::Delete, Some(current)) => {
+            t.store.delete(&key.name, current.resource_version().as_deref()).await?;
+            record::lease_written(ctx, lock, key, &plan, t.observed);
+            finalize::finish(ctx, lock, key).await?;
+            return Ok(Action::await_change());
+        }
+        (_, None) => unreachable!("a plan without a Lease writes none"),
     }
+    let claim_store = CasStore::<LockClaim>::new(ctx.client.clone(), &key.namespace, MANAGER_CONTROLLER);
+    for revoked in &plan.revocations {
+        claims::delete_revoked(&claim_store, key, revoked.claim.as_ref()).await;
+    }
+    // Status is applied even if clearing the annotation or a request's status write
+    // fails: what was done is recorded; the first error is returned after.
+    if let Some(note) = &plan.skipped {
+        record::skipped(ctx, lock, key, note);
+    }
+    let cleared = if plan.clear_annotation { force::clear(ctx, lock, key).await } else { Ok(()) };
+    let (history, requests) = write_requests(t, &plan.requests).await;
+    claims::delete_stale(&claim_store, key, &plan.stale).await;
+    if plan.track_holder {
+        let pod = plan.status.as_ref().and_then(|s| s.hold.as_ref()).and_then(|h| h.identity.pod.as_ref());
+        ctx.record_holder(key, pod.map(|p| p.name.as_str()));
+    }
+    if let Some((reason, message)) = &plan.announce {
+        record::announce(ctx, lock, key, reason, message);
+    }
+    if let Some(status) = plan.status {
+        apply_status(t, status, history).await?;
+    }
+    cleared?;
+    requests?;
+    Ok(plan.recheck.map_or_else(Action::await_change, |d| Action::requeue(d.max(Duration::from_millis(10)))))
+}
 
-    /// Writes a revocation (one write, or the start of a drain) raising the token to `raise_to`.
-    pub async fn revoke(
-        &self,
-        desired: &Lease,
-        revocation: &Revocation,
-        raise_to: i64,
-        recheck: Option<Duration>,
-    ) -> Result<Applied, Error> {
-        let written = lock_lease::write(self.ctx, self.key, self.uid, self.store, Some(self.lease), desired).await?;
-        self.ctx.record_issued(self.key, raise_to);
-        self.revoked(revocation, raise_to).await;
-        let outcome = Outcome { revoked: Some(revocation.reason.clone()), ..Outcome::default() };
-        Ok(Applied { lease: written, outcome, recheck })
+/// Writes each request's new status; returns the history entries of those that landed,
+/// and the first error (every other write is still tried).
+async fn write_requests(t: &Target<'_>, updates: &[RequestUpdate]) -> (Vec<ForceReleaseEntry>, Result<(), Error>) {
+    let (ctx, key) = (t.ctx, t.key);
+    let api: Api<ForceReleaseRequest> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let mut history = Vec::new();
+    let mut first_error = None;
+    for update in updates {
+        let patch = json!({
+            "apiVersion": ForceReleaseRequest::api_version(&()),
+            "kind": ForceReleaseRequest::kind(&()),
+            "status": update.status,
+        });
+        let params = PatchParams::apply(MANAGER_CONTROLLER).force();
+        if let Err(source) = api.patch_status(&update.name, &params, &Patch::Apply(patch)).await {
+            warn!(namespace = %key.namespace, request = %update.name, error = %source, "failed to write a force-release request's status");
+            first_error.get_or_insert(Error::Request {
+                namespace: key.namespace.clone(),
+                name: update.name.clone(),
+                source,
+            });
+            continue;
+        }
+        record::request_written(ctx, t.lock, key, update);
+        history.extend(update.entries.iter().cloned());
     }
+    (history, first_error.map_or(Ok(()), Err))
+}
 
-    /// After a revocation was written: count it, tell people, drop the holder's claim (it
-    /// claims again, at the back, if it still wants the lock).
-    async fn revoked(&self, revocation: &Revocation, raised_to: i64) {
-        let (ctx, key) = (self.ctx, self.key);
-        let LeaseState::Held(hold) = self.state else { return };
-        ctx.metrics.revocations.get_or_create(&ReasonLabel { reason: revocation.reason.as_str().into() }).inc();
-        let token = revocation.token.map_or_else(|| "none".to_owned(), |t| t.to_string());
-        warn!(namespace = %key.namespace, lock = %key.name, token, raised_to, holder = %hold.identity, reason = ?revocation.reason, "revoked");
-        let (event, why) = events::revocation(&revocation.reason);
-        let note = match &revocation.reason {
-            RevokeReason::Forced => {
-                let (by, reason) =
-                    self.force.map_or_else(|| ("unknown".into(), String::new()), |r| (r.by.clone(), r.reason.clone()));
-                let approved = match self.force {
-                    Some(r) if !r.approved_by.is_empty() => format!(", approved by {}", r.approved_by.join(", ")),
-                    _ => String::new(),
-                };
-                let request = self
-                    .force
-                    .and_then(|r| r.request.as_deref())
-                    .map(|r| format!(" [forcereleaserequest {r}]"))
-                    .unwrap_or_default();
-                format!(
-                    "force-released by {by} ({reason}{approved}){request}: revoked {} with token {token}",
-                    hold.identity
-                )
-            }
-            _ => format!("revoked {} with token {token}: {why}", hold.identity),
-        };
-        publish(ctx, self.lock, EventType::Warning, event, note, hold.identity.pod.as_ref());
-        let holder_claim = claims::of_lock(ctx, key, &lease::Timing::of(&self.lock.spec))
-            .into_iter()
-            .find(|c| c.identity == hold.identity);
-        claims::delete_revoked(self.claim_store, key, holder_claim.as_ref()).await;
+/// Applies the status that follows, if it differs from the last one written. What this
+/// reconcile did is kept in memory until a status write succeeds, so a failed status
+/// write loses nothing and counts nothing twice.
+async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleaseEntry>) -> Result<(), Error> {
+    let (ctx, lock, key) = (t.ctx, t.lock, t.key);
+    let uid = lock.uid().unwrap_or_default();
+    let mut outcome = plan.outcome;
+    outcome.history.extend(history);
+    let (remembered, outcome) = ctx.with_memory(key, &uid, |m| {
+        let merged = status::merge(m.pending.take(), outcome);
+        m.pending = Some(merged.clone());
+        (m.status.clone(), merged)
+    });
+    let previous = remembered.or_else(|| lock.status.clone()).unwrap_or_default();
+    let waiters: Vec<_> = plan.waiters.iter().collect();
+    let desired = status::desired(&status::Inputs {
+        previous: &previous,
+        generation: lock.metadata.generation,
+        now: Timestamp::now(),
+        timing: plan.timing,
+        hold: plan.hold.as_ref(),
+        token: plan.token,
+        waiters: &waiters,
+        outcome: &outcome,
+        draining: plan.draining.as_ref(),
+        ready: &plan.ready,
+        approvals: i32::try_from(plan.approvals).unwrap_or(i32::MAX),
+    });
+    if desired == previous && lock.status.is_some() {
+        ctx.with_memory(key, &uid, |m| m.pending = None);
+        return Ok(());
     }
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let patch = json!({
+        "apiVersion": DistributedLock::api_version(&()),
+        "kind": DistributedLock::kind(&()),
+        "status": desired,
+    });
+    api.patch_status(&key.name, &PatchParams::apply(MANAGER_CONTROLLER).force(), &Patch::Apply(patch))
+        .await
+        .map_err(|source| Error::Status { namespace: key.namespace.clone(), name: key.name.clone(), source })?;
+    record::status_written(ctx, lock, &previous, &desired);
+    ctx.with_memory(key, &uid, |m| {
+        m.status = Some(desired);
+        m.pending = None;
+    });
+    Ok(())
 }

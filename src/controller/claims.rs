@@ -26,7 +26,7 @@ pub fn of_lock(ctx: &Context, key: &LockKey, timing: &Timing) -> Vec<Claim> {
 }
 
 /// Deletes claims judged stale, each only if unchanged since it was judged.
-pub async fn delete_stale(store: &CasStore<LockClaim>, key: &LockKey, stale: &[&Claim]) {
+pub async fn delete_stale(store: &CasStore<LockClaim>, key: &LockKey, stale: &[Claim]) {
     for claim in stale {
         if let Err(e) = store.delete_if(&claim.name, Precondition::ResourceVersion(&claim.resource_version)).await {
             warn!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, error = %e, "failed to delete stale claim");

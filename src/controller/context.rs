@@ -89,6 +89,8 @@ pub struct LockMemory {
     /// The lock Lease as last written by us, with the resourceVersion it replaced: used
     /// instead of the cache while the cache still shows that older version.
     pub written: Option<(Option<String>, Lease)>,
+    /// The UID of the claim the latest hold was granted on: a claim is served once.
+    pub served: Option<String>,
     /// The lock Lease as last decided from or written in this term: if it is deleted,
     /// the hold it carried is drained on the re-created one.
     pub seen: Option<Lease>,

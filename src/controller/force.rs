@@ -17,21 +17,11 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::EventType;
-use tracing::info;
-
 use super::context::{Context, LockKey};
 use super::error::Error;
-use super::events::publish;
-use super::status::Outcome;
-use super::view::LeaseState;
 use crate::crd::{
     ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_BY, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLock,
-    ForceRelease,
 };
-use crate::lease::RevokeReason;
 use crate::lease::token;
 
 /// The value of the target annotation when nothing was held.
@@ -116,72 +106,6 @@ pub async fn clear(ctx: &Context, lock: &DistributedLock, key: &LockKey) -> Resu
         .await
         .map(|_| ())
         .map_err(|e| annotation_error(e, key))
-}
-
-/// Settles a force-release request after this reconcile's writes: carried out (its
-/// target revoked now, or being drained already) or stale (its target is not the
-/// holder): recorded and cleared. One whose target still holds (its revocation could not
-/// be written) stays for the next reconcile.
-pub async fn settle(
-    ctx: &Context,
-    lock: &DistributedLock,
-    key: &LockKey,
-    request: Option<Request>,
-    held: Option<i64>,
-    before: &LeaseState,
-    outcome: &mut Outcome,
-) -> Result<(), Error> {
-    let Some(request) = request else { return Ok(()) };
-    let revoked_now = outcome.revoked == Some(RevokeReason::Forced);
-    if request.request.is_some() {
-        // A ForceReleaseRequest: nothing to clear; its own status records the outcome.
-        if revoked_now {
-            let revoked_token = match request.target {
-                Target::Token(t) => Some(t),
-                _ => None,
-            };
-            outcome.forced = Some(ForceRelease {
-                by: request.by,
-                reason: request.reason,
-                at: Time(Timestamp::now()),
-                revoked_token,
-                request: request.request,
-                approved_by: request.approved_by,
-            });
-        }
-        return Ok(());
-    }
-    if !revoked_now && targets(&request, held) {
-        return Ok(());
-    }
-    let target = match request.target {
-        Target::Token(t) => Some(t),
-        _ => None,
-    };
-    let draining_target = matches!(before, LeaseState::Draining(d) if d.revoked.is_some() && d.revoked == target);
-    // Carried out earlier, its clearing failed: recorded then; clear it now.
-    let recorded = lock.status.as_ref().and_then(|s| s.last_force_release.as_ref()).is_some_and(|r| {
-        r.by == request.by && r.reason == request.reason && r.revoked_token.is_some() && r.revoked_token == target
-    });
-    if recorded && !revoked_now {
-        return clear(ctx, lock, key).await;
-    }
-    let revoked_token = (revoked_now || draining_target).then_some(target).flatten();
-    if revoked_token.is_none() {
-        let what = target.map_or_else(|| "nothing was held".to_owned(), |t| format!("token {t} no longer holds"));
-        info!(namespace = %key.namespace, lock = %key.name, %what, "force release cleared without revoking");
-        let note = format!("force release by {} ({}) revoked nothing: {what}", request.by, request.reason);
-        publish(ctx, lock, EventType::Normal, "ForceReleaseSkipped", note, None);
-    }
-    outcome.forced = Some(ForceRelease {
-        by: request.by,
-        reason: request.reason,
-        at: Time(Timestamp::now()),
-        revoked_token,
-        request: None,
-        approved_by: Vec::new(),
-    });
-    clear(ctx, lock, key).await
 }
 
 #[cfg(test)]

@@ -75,26 +75,3 @@ pub async fn client_allowed(ctx: &Context, namespace: &str, clients: &[String], 
     }
     allowed
 }
-
-/// Drops from the head of `live` (into `stale`) every waiter that may not be served — its
-/// Pod is gone, or it is not among the lock's `clients` — until one may.
-pub async fn serveable_head<'a>(
-    ctx: &Context,
-    namespace: &str,
-    clients: &[String],
-    live: &mut Vec<&'a Claim>,
-    stale: &mut Vec<&'a Claim>,
-) -> Result<(), Error> {
-    while let Some(head) = live.first().copied() {
-        let gone = match &head.identity.pod {
-            Some(pod) => pod_gone(ctx, namespace, pod).await?,
-            None => false,
-        };
-        if gone || !client_allowed(ctx, namespace, clients, head).await {
-            stale.push(live.remove(0));
-        } else {
-            break;
-        }
-    }
-    Ok(())
-}

@@ -1,0 +1,62 @@
+//! Before a plan: the lock Lease to plan from — ours, adopted from an earlier incarnation
+//! of the lock, created (draining a hold its deleted predecessor carried), or none to use.
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+
+use crate::controller::build;
+use crate::controller::recreate::{self, Orphan};
+use crate::controller::status::Ready;
+use crate::controller::view::{self, Ownership};
+use crate::crd::DistributedLock;
+use crate::lease::{GrantedTiming, token};
+
+/// What to do about the lock Lease before planning.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Setup {
+    /// It is ours: plan from it.
+    Use,
+    /// Create it, then plan from it.
+    Create {
+        /// The Lease to create.
+        lease: Lease,
+        /// The hold a deleted predecessor carried, drained on the new Lease, with the
+        /// token it was raised to.
+        orphan: Option<(Orphan, i64)>,
+    },
+    /// Take over the Lease of an earlier lock of the same name (this write), then plan.
+    Adopt(Lease),
+    /// The lock is going and has no Lease of its own: let it go.
+    Finish,
+    /// The Lease with the lock's name is not ours: nothing can be granted.
+    Conflict(Ready),
+}
+
+/// The setup for `lock` given the Lease with its name (`None`: there is none), the
+/// highest token known, the Lease as last seen in this leadership term, and now.
+pub fn setup(lock: &DistributedLock, lease: Option<&Lease>, known: i64, seen: Option<&Lease>, now: Timestamp) -> Setup {
+    let deleting = lock.metadata.deletion_timestamp.is_some();
+    let Some(lease) = lease else {
+        if deleting {
+            return Setup::Finish;
+        }
+        let spec = GrantedTiming::of_spec(&lock.spec);
+        let status = lock.status.as_ref().and_then(|s| s.holder.as_ref());
+        let orphan = recreate::orphan(seen, status, &spec);
+        return match (orphan, token::mint(known, now.as_millisecond())) {
+            (Some(orphan), Some(raise_to)) => Setup::Create {
+                lease: recreate::recreated(lock, raise_to, &orphan, &spec),
+                orphan: Some((orphan, raise_to)),
+            },
+            _ => Setup::Create { lease: build::new_lock_lease(lock, known), orphan: None },
+        };
+    };
+    match view::ownership(lease, &lock.name_any(), &lock.uid().unwrap_or_default()) {
+        Ownership::Ours => Setup::Use,
+        Ownership::PreviousIncarnation => Setup::Adopt(build::adopted(lease, lock)),
+        // A Lease that is not ours is left alone, also when the lock goes.
+        Ownership::Foreign(_) if deleting => Setup::Finish,
+        Ownership::Foreign(why) => Setup::Conflict(Ready::LeaseConflict(why)),
+    }
+}

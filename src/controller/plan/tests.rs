@@ -1,0 +1,332 @@
+//! Table tests of [`super::plan`]: one observation in, every write and fact out.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+
+use super::*;
+use crate::claim::edit;
+use crate::crd::{
+    ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_BY, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLockSpec,
+};
+
+const S: Duration = Duration::from_secs(1);
+const TOKEN: i64 = 1_000;
+
+fn now() -> Timestamp {
+    Timestamp::from_second(1_000).expect("valid")
+}
+
+fn lock() -> DistributedLock {
+    let mut lock = DistributedLock::new("orders", DistributedLockSpec::default());
+    lock.metadata.namespace = Some("shop".into());
+    lock.metadata.uid = Some("uid-1".into());
+    lock
+}
+
+fn lease_duration() -> Duration {
+    Timing::of(&lock().spec).lease_duration
+}
+
+fn claim(who: &str, created_s: i64) -> Claim {
+    let t = Timestamp::from_second(created_s).expect("valid");
+    Claim {
+        name: format!("orders.u-{who}"),
+        uid: format!("uid-{who}"),
+        resource_version: "1".into(),
+        identity: Identity::parse(&format!("u-{who}")),
+        created: t,
+        requested: t,
+        renew_time: None,
+        ttl: 30 * S,
+    }
+}
+
+fn waiting(who: &str, created_s: i64, serveable: Option<bool>) -> Waiting {
+    Waiting { claim: claim(who, created_s), unchanged_for: S, serveable }
+}
+
+fn free() -> Lease {
+    build::new_lock_lease(&lock(), TOKEN)
+}
+
+/// Held by `who` with `TOKEN`, confirmed.
+fn held(who: &str) -> Lease {
+    let terms = GrantedTiming::of_spec(&lock().spec);
+    let granted =
+        build::granted(&free(), &claim(who, 1), TOKEN, &terms, Timestamp::from_second(900).expect("valid"), None);
+    edit::renewed(&granted, Timestamp::from_second(990).expect("valid"))
+}
+
+fn draining(who: &str, acknowledged: bool) -> Lease {
+    let mut lease = build::draining(&held(who), TOKEN + 1, "PodGone", Some(TOKEN));
+    if acknowledged {
+        lease.spec.as_mut().expect("a spec").holder_identity = None;
+    }
+    lease
+}
+
+fn clock(unchanged_s: u64) -> HoldClock {
+    HoldClock { unchanged_for: Duration::from_secs(unchanged_s), held_for: 10 * S, pod_gone: false }
+}
+
+fn observation<'a>(lock: &'a DistributedLock, lease: &'a Lease, claims: Vec<Waiting>) -> Observation<'a> {
+    let state = view::lease_state(lease);
+    Observation {
+        lock,
+        lease,
+        claims,
+        spent: None,
+        hold: matches!(state, LeaseState::Held(_)).then(|| clock(1)),
+        drain_since_renewal: matches!(state, LeaseState::Draining(_)).then_some(S),
+        requests: Vec::new(),
+        executed: None,
+        required: 0,
+        known: TOKEN,
+        tokens: Tokens::Known(TOKEN + usize::from(matches!(state, LeaseState::Draining(_))) as i64),
+        confirm_timeout: 2 * S,
+        wall: now(),
+    }
+}
+
+fn holder_of(plan: &Plan) -> Option<String> {
+    match &plan.lease {
+        LeaseWrite::Replace(lease) => edit::holder(lease).map(str::to_owned),
+        _ => None,
+    }
+}
+
+fn names(claims: &[Claim]) -> Vec<&str> {
+    claims.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn status(plan: &Plan) -> &StatusPlan {
+    plan.status.as_ref().expect("a status")
+}
+
+#[test]
+fn a_free_lock_is_granted_to_the_head_of_the_queue_with_a_new_token() {
+    let lock = lock();
+    let lease = free();
+    let o = observation(&lock, &lease, vec![waiting("a", 1, Some(true)), waiting("b", 2, None), waiting("c", 3, None)]);
+    let plan = super::plan(&o);
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-a"));
+    assert_eq!(plan.grants.len(), 1);
+    let grant = &plan.grants[0];
+    assert_eq!(grant.claim.name, "orders.u-a");
+    assert!(grant.token > TOKEN, "a new token: {}", grant.token);
+    assert_eq!(plan.minted(), Some(grant.token));
+    assert!(plan.revocations.is_empty() && plan.drained.is_empty() && plan.stale.is_empty());
+    let status = status(&plan);
+    assert_eq!(status.hold.as_ref().and_then(|h| h.token), Some(grant.token));
+    assert_eq!(status.token, grant.token);
+    assert_eq!(names(&status.waiters), ["orders.u-b", "orders.u-c"], "the rest wait, in order");
+    assert_eq!(status.outcome.granted.as_ref().map(|g| g.waited_seconds), Some(999.0));
+    assert!(plan.track_holder);
+    assert_eq!(plan.recheck, Some(o.confirm_timeout), "the grant must be confirmed in time");
+}
+
+#[test]
+fn waiters_that_may_not_be_served_are_dropped_and_the_next_one_is_granted() {
+    let lock = lock();
+    let lease = free();
+    let o = observation(&lock, &lease, vec![waiting("gone", 1, Some(false)), waiting("b", 2, Some(true))]);
+    let plan = super::plan(&o);
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
+    assert_eq!(names(&plan.stale), ["orders.u-gone"]);
+}
+
+#[test]
+fn a_claim_already_served_is_never_granted_again() {
+    // The holder released (its claim withdrawn first), but the claim is still cached.
+    let lock = lock();
+    let lease = free();
+    let mut o = observation(&lock, &lease, vec![waiting("a", 1, None), waiting("b", 2, Some(true))]);
+    o.spent = Some("uid-a".into());
+    let plan = super::plan(&o);
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"), "the next claimant, not the one that just released");
+    assert_eq!(names(&plan.stale), ["orders.u-a"]);
+
+    // Alone in the queue, it is not granted either.
+    let mut o = observation(&lock, &lease, vec![waiting("a", 1, None)]);
+    o.spent = Some("uid-a".into());
+    let plan = super::plan(&o);
+    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert!(plan.grants.is_empty());
+    assert!(status(&plan).waiters.is_empty());
+}
+
+#[test]
+fn aged_out_claims_are_stale_and_the_earliest_deadline_is_rechecked() {
+    let lock = lock();
+    let lease = held("h");
+    let mut old = waiting("old", 1, None);
+    old.unchanged_for = 30 * S;
+    let mut young = waiting("young", 2, None);
+    young.unchanged_for = 25 * S;
+    let o = observation(&lock, &lease, vec![old, young]);
+    let plan = super::plan(&o);
+    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert_eq!(names(&plan.stale), ["orders.u-old"]);
+    assert_eq!(names(&status(&plan).waiters), ["orders.u-young"]);
+    assert_eq!(plan.recheck, Some(5 * S), "the young claim goes stale first");
+}
+
+#[test]
+fn a_renewing_holder_keeps_the_lock_and_its_own_claim_is_not_a_waiter() {
+    let lock = lock();
+    let lease = held("h");
+    let o = observation(&lock, &lease, vec![waiting("h", 1, None), waiting("b", 2, Some(true))]);
+    let plan = super::plan(&o);
+    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert!(plan.grants.is_empty() && plan.revocations.is_empty() && plan.stale.is_empty());
+    assert_eq!(names(&status(&plan).waiters), ["orders.u-b"]);
+    assert_eq!(status(&plan).hold.as_ref().map(|h| h.identity.id.as_str()), Some("u-h"));
+    assert_eq!(plan.recheck, Some(lease_duration() - S), "looked at again when it would expire");
+}
+
+#[test]
+fn an_expired_hold_is_revoked_and_the_next_waiter_granted_in_one_write() {
+    let lock = lock();
+    let lease = held("h");
+    let mut o = observation(&lock, &lease, vec![waiting("h", 1, None), waiting("b", 2, Some(true))]);
+    o.hold = Some(clock(lease_duration().as_secs()));
+    let plan = super::plan(&o);
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
+    let [revoked] = plan.revocations.as_slice() else { panic!("one revocation: {:?}", plan.revocations) };
+    assert_eq!((revoked.reason, revoked.token, revoked.drain_from), (RevokeReason::Expired, Some(TOKEN), None));
+    assert_eq!(revoked.claim.as_ref().map(|c| c.name.as_str()), Some("orders.u-h"), "its claim goes with it");
+    assert_eq!(revoked.raised_to, plan.grants[0].token);
+    assert_eq!(status(&plan).outcome.revoked, Some(RevokeReason::Expired));
+    assert_eq!(plan.grants[0].handoff_ms, Some(0));
+}
+
+#[test]
+fn a_believing_holder_whose_pod_is_gone_is_drained_and_nobody_is_granted() {
+    let lock = lock();
+    let lease = held("h");
+    let mut o = observation(&lock, &lease, vec![waiting("h", 1, None), waiting("b", 2, Some(true))]);
+    o.hold = Some(HoldClock { pod_gone: true, ..clock(3) });
+    let plan = super::plan(&o);
+    assert!(plan.grants.is_empty());
+    let [revoked] = plan.revocations.as_slice() else { panic!("one revocation") };
+    assert_eq!((revoked.reason, revoked.drain_from), (RevokeReason::PodGone, Some(3 * S)));
+    let LeaseWrite::Replace(written) = &plan.lease else { panic!("a Lease write") };
+    let LeaseState::Draining(drain) = view::lease_state(&**written) else { panic!("draining") };
+    assert_eq!((drain.revoked, drain.holder.map(|h| h.id)), (Some(TOKEN), Some("u-h".to_owned())));
+    assert_eq!(status(&plan).draining.as_ref().and_then(|d| d.revoked), Some(TOKEN));
+    assert!(status(&plan).hold.is_none());
+    assert_eq!(status(&plan).token, revoked.raised_to, "the old token is stale at once");
+    assert_eq!(plan.recheck, Some(lease_duration() - 3 * S), "the drain's end");
+}
+
+#[test]
+fn a_drain_holds_the_queue_until_acknowledged_or_timed_out() {
+    let lock = lock();
+    let waiters = || vec![waiting("b", 2, Some(true))];
+    // Not acknowledged, within the lease duration: nothing moves.
+    let unacknowledged = draining("h", false);
+    let o = observation(&lock, &unacknowledged, waiters());
+    let plan = super::plan(&o);
+    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert!(plan.grants.is_empty() && plan.drained.is_empty());
+    assert_eq!(plan.recheck, Some(lease_duration() - S));
+
+    // Acknowledged: granted, the drain over.
+    let acknowledged = draining("h", true);
+    let plan = super::plan(&observation(&lock, &acknowledged, waiters()));
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
+    assert_eq!(plan.drained, [Drained { token: Some(TOKEN), acknowledged: true }]);
+    assert_eq!(plan.grants[0].handoff_ms, None, "no handoff time after a drain");
+
+    // Timed out with nobody waiting: freed.
+    let mut o = observation(&lock, &unacknowledged, Vec::new());
+    o.drain_since_renewal = Some(lease_duration());
+    let plan = super::plan(&o);
+    let LeaseWrite::Replace(written) = &plan.lease else { panic!("a Lease write") };
+    assert_eq!(view::lease_state(&**written), LeaseState::Free);
+    assert_eq!(plan.drained, [Drained { token: Some(TOKEN), acknowledged: false }]);
+}
+
+#[test]
+fn a_lock_being_deleted_deletes_its_free_lease() {
+    let mut lock = lock();
+    lock.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    let lease = free();
+    let plan = super::plan(&observation(&lock, &lease, vec![waiting("b", 2, None)]));
+    assert_eq!(plan.lease, LeaseWrite::Delete);
+    assert!(plan.grants.is_empty() && plan.status.is_none());
+}
+
+#[test]
+fn a_tampered_token_grants_nothing_and_says_why_once() {
+    let lock = lock();
+    let lease = free();
+    let mut o = observation(&lock, &lease, vec![waiting("b", 2, Some(true))]);
+    o.tokens = Tokens::Tampered { found: i64::MAX, ceiling: 5 };
+    let plan = super::plan(&o);
+    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert!(plan.grants.is_empty());
+    assert!(matches!(status(&plan).ready, Ready::TokenTampered(_)));
+    assert_eq!(plan.announce.as_ref().map(|a| a.0), Some("TokenTampered"));
+    assert_eq!(plan.recheck, Some(NOT_READY_RECHECK));
+    assert_eq!(status(&plan).token, TOKEN, "status keeps the trusted token");
+}
+
+fn with_annotations(mut lock: DistributedLock, pairs: &[(&str, &str)]) -> DistributedLock {
+    let annotations: BTreeMap<String, String> = pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    lock.metadata.annotations = Some(annotations);
+    lock
+}
+
+#[test]
+fn a_force_release_annotation_is_stamped_refused_or_carried_out() {
+    let asked = [(ANNOTATION_FORCE_RELEASE, "stuck"), (ANNOTATION_FORCE_RELEASE_BY, "alice")];
+    let lease = held("h");
+    // Unstamped: its target is the current hold, stamped first.
+    let unstamped = with_annotations(lock(), &asked);
+    let plan = super::plan(&observation(&unstamped, &lease, Vec::new()));
+    assert_eq!(plan.first, Some(First::Stamp(TOKEN.to_string())));
+    assert_eq!(plan.lease, LeaseWrite::Keep);
+
+    // The policy needs approvals: refused, nothing revoked.
+    let mut o = observation(&unstamped, &lease, Vec::new());
+    o.required = 1;
+    let plan = super::plan(&o);
+    assert!(matches!(&plan.first, Some(First::Refuse(r)) if r.request.by == "alice" && r.entry.event == "Refused"));
+    assert!(plan.revocations.is_empty());
+
+    // Stamped with the holder's token: the believing holder is drained, the annotation
+    // cleared, the release recorded.
+    let target = TOKEN.to_string();
+    let stamped = with_annotations(lock(), &[asked[0], asked[1], (ANNOTATION_FORCE_RELEASE_TARGET, &target)]);
+    let plan = super::plan(&observation(&stamped, &lease, Vec::new()));
+    let [revoked] = plan.revocations.as_slice() else { panic!("one revocation") };
+    assert_eq!(revoked.reason, RevokeReason::Forced);
+    assert_eq!(revoked.force.as_ref().map(|f| f.by.as_str()), Some("alice"));
+    assert!(revoked.drain_from.is_some(), "a believing holder is drained");
+    assert!(plan.clear_annotation);
+    let forced = status(&plan).outcome.forced.as_ref().expect("recorded");
+    assert_eq!((forced.by.as_str(), forced.revoked_token), ("alice", Some(TOKEN)));
+
+    // Stamped with a token that no longer holds: cleared, revoking nothing.
+    let stale = with_annotations(lock(), &[asked[0], asked[1], (ANNOTATION_FORCE_RELEASE_TARGET, "7")]);
+    let plan = super::plan(&observation(&stale, &lease, Vec::new()));
+    assert!(plan.revocations.is_empty());
+    assert!(plan.clear_annotation);
+    assert!(plan.skipped.as_deref().is_some_and(|s| s.contains("token 7 no longer holds")), "{:?}", plan.skipped);
+}
+
+#[test]
+fn an_unconfirmed_grant_whose_claim_is_withdrawn_is_revoked_at_once() {
+    let lock = lock();
+    let terms = GrantedTiming::of_spec(&lock.spec);
+    let lease = build::granted(&free(), &claim("h", 1), TOKEN, &terms, now(), None);
+    let o = observation(&lock, &lease, vec![waiting("b", 2, Some(true))]);
+    let plan = super::plan(&o);
+    let [revoked] = plan.revocations.as_slice() else { panic!("one revocation") };
+    assert_eq!((revoked.reason, revoked.drain_from), (RevokeReason::Unconfirmed, None));
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
+}
