@@ -40,15 +40,17 @@ pub struct Target<'a> {
 /// Makes the writes of `plan` and records each as it lands; says when to look again.
 pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
     let (ctx, lock, key) = (t.ctx, t.lock, t.key);
+    // Leadership lost while observing and planning: a replica that no longer leads
+    // writes nothing.
+    if !ctx.leadership.is_leading() {
+        return Ok(Action::await_change());
+    }
     if let Some(first) = &plan.first {
         match first {
             First::Stamp(target) => force::stamp(ctx, lock, key, target).await?,
             First::Refuse(_) => force::clear(ctx, lock, key).await?,
         }
         record::first(ctx, lock, key, first);
-        return Ok(Action::await_change());
-    }
-    if plan.lease != LeaseWrite::Keep && !ctx.leadership.is_leading() {
         return Ok(Action::await_change());
     }
     let uid = lock.uid().unwrap_or_default();

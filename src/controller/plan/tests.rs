@@ -214,7 +214,7 @@ fn a_believing_holder_whose_pod_is_gone_is_drained_and_nobody_is_granted() {
     let [revoked] = plan.revocations.as_slice() else { panic!("one revocation") };
     assert_eq!((revoked.reason, revoked.drain_from), (RevokeReason::PodGone, Some(3 * S)));
     let LeaseWrite::Replace(written) = &plan.lease else { panic!("a Lease write") };
-    let LeaseState::Draining(drain) = view::lease_state(&**written) else { panic!("draining") };
+    let LeaseState::Draining(drain) = view::lease_state(written) else { panic!("draining") };
     assert_eq!((drain.revoked, drain.holder.map(|h| h.id)), (Some(TOKEN), Some("u-h".to_owned())));
     assert_eq!(status(&plan).draining.as_ref().and_then(|d| d.revoked), Some(TOKEN));
     assert!(status(&plan).hold.is_none());
@@ -246,7 +246,7 @@ fn a_drain_holds_the_queue_until_acknowledged_or_timed_out() {
     o.drain_since_renewal = Some(lease_duration());
     let plan = super::plan(&o);
     let LeaseWrite::Replace(written) = &plan.lease else { panic!("a Lease write") };
-    assert_eq!(view::lease_state(&**written), LeaseState::Free);
+    assert_eq!(view::lease_state(written), LeaseState::Free);
     assert_eq!(plan.drained, [Drained { token: Some(TOKEN), acknowledged: false }]);
 }
 
