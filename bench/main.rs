@@ -10,8 +10,7 @@
 //! driver); `LEASEHOLD_BENCH_PHASES=word,...` runs only the phases whose names contain
 //! one of the words. See bench/README.md.
 
-#[path = "../e2e/tests/support/mod.rs"]
-mod support;
+use leasehold_e2e_support as support;
 
 mod floors;
 mod lease_level;

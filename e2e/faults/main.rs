@@ -12,8 +12,7 @@
 //! `long_holds_cut_off_from_the_apiserver_self_fence` also runs in `make test`). Worlds
 //! run one at a time.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use leasehold_e2e_support as support;
 
 mod adversary;
 mod app;

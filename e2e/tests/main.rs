@@ -18,4 +18,5 @@ mod sidecar_api;
 mod sidecar_hold;
 mod sidecar_owner;
 mod sidecar_run;
-mod support;
+
+use leasehold_e2e_support as support;

@@ -7,9 +7,8 @@
 //! ([`support::installed`]); each test works in its own namespace. A node that cannot
 //! start fails every test with its reason.
 
-#[path = "../../tests/support/mod.rs"]
-#[allow(unused_imports)]
-mod e2e_support;
+use leasehold_e2e_support as e2e_support;
+
 mod examples;
 mod failover;
 mod install;

@@ -8,9 +8,8 @@
 //! Role and RoleBinding the controller created in the app namespace, nor its election
 //! Lease (owned by the release's ClusterRole, so the garbage collector deletes them).
 
-#[path = "../../tests/support/mod.rs"]
-#[allow(unused_imports)]
-mod e2e_support;
+use leasehold_e2e_support as e2e_support;
+
 #[allow(dead_code, unused_imports)]
 mod pods;
 mod support;

@@ -10,7 +10,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use super::{Env, Sidecar, TestPod};
+use crate::{Env, Sidecar, TestPod};
 
 impl Sidecar {
     /// `POST /v1/locks/{lock}/acquire` with `body`: status and JSON answer.

@@ -10,8 +10,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use leasehold::crd::{ANNOTATION_DRAINING, ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLock};
 use serde_json::json;
 
-use super::Env;
-use super::watch::until;
+use crate::Env;
+use crate::watch::until;
 
 /// The user kube-controller-manager's garbage collector deletes as.
 pub const GARBAGE_COLLECTOR: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
@@ -61,7 +61,7 @@ impl Env {
     }
 
     /// Reasons of the Events recorded in the namespace.
-    pub async fn event_reasons(&self) -> Vec<String> {
+    async fn event_reasons(&self) -> Vec<String> {
         let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.ns.client.clone(), self.name());
         let list = events.list(&Default::default()).await.expect("list events");
         list.items.into_iter().filter_map(|e| e.reason).collect()

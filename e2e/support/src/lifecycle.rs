@@ -1,6 +1,6 @@
 //! The controller's lifecycle as a reusable scenario: FIFO grants in claim order with
 //! strictly increasing tokens, a release handing over to the next waiter, and a holder
-//! that stops renewing expiring after the lease duration — the controller issue's
+//! that stops renewing expiring after the lease duration — the controller's
 //! lifecycle test, runnable against any control plane and any controller already running
 //! there (for instance one holding only the chart's RBAC).
 //!
@@ -21,8 +21,8 @@ use leasehold::claim::edit;
 use leasehold::crd::{DistributedLock, DistributedLockSpec, LockClaim};
 use leasehold_harness::{ControlPlane, TestNamespace, eventually};
 
-use super::watch::GrantLog;
-use super::{Env, LeaseholdProcess, Sidecar, TestPod, free_port, leasehold_bin};
+use crate::watch::GrantLog;
+use crate::{Env, LeaseholdProcess, Sidecar, TestPod, free_port, leasehold_bin};
 
 /// The lock the scenario creates.
 pub const LOCK: &str = "orders";

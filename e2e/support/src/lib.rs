@@ -1,8 +1,10 @@
-//! Helpers shared by the end-to-end tests: the CRD, Leasehold processes (controllers,
+//! Support shared by every Leasehold test binary that works against a real control plane:
+//! the end-to-end tests (`e2e/tests`), the fault-injection suite (`e2e/faults`), the node
+//! tests (`e2e/node/tests`) and the benchmarks (`bench`), each taking it as a
+//! dev-dependency. It holds the CRDs' installation, Leasehold processes (controllers,
 //! sidecars) spawned from the binary under test, "pods" (a Pod object plus a Pod-bound
-//! client), and waits on watch events.
-
-#![allow(dead_code)] // Each test module uses a different subset.
+//! client), calls to a sidecar's local API, admission plumbing, and waits on watch events.
+//! The control plane itself comes from `leasehold-harness`.
 
 pub mod admission;
 pub mod lifecycle;
@@ -13,6 +15,7 @@ pub mod watch;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -25,9 +28,18 @@ use leasehold::crd::{DistributedLock, DistributedLockSpec, ForceReleaseRequest, 
 use leasehold::lease::Identity;
 use leasehold_harness::{ControlPlane, Supervised, TestNamespace, eventually, shared};
 
-/// The binary under test.
+/// The binary under test: the `leasehold` binary cargo built beside the running test or
+/// benchmark.
 pub fn leasehold_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_leasehold")
+    // Cargo names the binary to the test binaries of its own package only; this crate asks
+    // at run time, once.
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        assert_cmd::cargo::cargo_bin("leasehold")
+            .into_os_string()
+            .into_string()
+            .expect("the path of the leasehold binary is UTF-8")
+    })
 }
 
 /// A free loopback port (bound and released; the caller binds it next).

@@ -17,7 +17,7 @@ use kube::core::ApiResource;
 use leasehold::crd::{LockClaim, LockClaimSpec};
 use serde_json::{Value, json};
 
-use super::{Env, LeaseholdProcess, free_port};
+use crate::{Env, LeaseholdProcess, free_port};
 
 /// A controller serving the webhooks, and where its certificate files are.
 pub struct WebhookController {

@@ -17,7 +17,7 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     F: Fn(&K) -> bool,
 {
-    super::lifecycle::wait_for(api, name, timeout, what, condition).await.unwrap_or_else(|e| panic!("{e}"))
+    crate::lifecycle::wait_for(api, name, timeout, what, condition).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Waits until object `name` does not exist.
