@@ -37,6 +37,11 @@ use crate::lease::{
 };
 use crate::metrics::ClientMetrics;
 
+/// The shortest wait for a grant: a wait of 0 (a try-lock) still gives the controller this
+/// long to see the claim and grant, and the claimant to confirm — one round trip each,
+/// never an instant fail. The sidecar API's `waitSeconds: 0` and `leasehold run --try`.
+pub const MIN_WAIT: Duration = Duration::from_secs(1);
+
 /// Why an acquisition failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AcquireError {
