@@ -31,6 +31,8 @@ pub mod crd_docs;
 pub mod crd_force;
 pub mod duration;
 pub mod kube_client;
+#[cfg(test)]
+mod layering;
 pub mod lease;
 pub mod metrics;
 pub mod names;
