@@ -35,6 +35,8 @@ pub mod kube_client;
 mod layering;
 pub mod lease;
 pub mod metrics;
+#[cfg(test)]
+mod metrics_doc;
 pub mod names;
 pub mod run;
 pub mod sidecar;
