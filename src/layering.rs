@@ -97,10 +97,15 @@ fn module_of(relative: &Path) -> Option<String> {
     Some(first.strip_suffix(".rs").unwrap_or(first).to_owned())
 }
 
-/// The top-level modules `text` names through `crate::` paths, with the line (1-based)
-/// each is named on. Reads `crate::x::...` and `crate::{x::..., y}` (over several lines
-/// too); skips `//` comments and `$crate`.
-fn imports(text: &str) -> Vec<(usize, String)> {
+/// The top-level modules `text` names through paths from the crate root, with the line
+/// (1-based) each is named on, in a file `depth` modules below the root (`src/x.rs` and
+/// `src/x/mod.rs`: 1, `src/x/y.rs`: 2). Reads `crate::x::...`, `crate::{x::..., y}` (over
+/// several lines too) and `super::` chains that reach the root; skips `//` comments and
+/// `$crate`. A `mod` block inside a file is not counted in its depth, so a `super::` chain
+/// in one is read as reaching higher than it does: stricter, never looser. Text, not a
+/// syntax tree, so that paths inside macro calls (`tokio::select!`) and attributes
+/// (`#[arg(value_parser = ...)]`) count too.
+fn imports(text: &str, depth: usize) -> Vec<(usize, String)> {
     // Comments blanked, so that offsets keep their lines.
     let code: String = text
         .lines()
@@ -109,13 +114,33 @@ fn imports(text: &str) -> Vec<(usize, String)> {
             None => format!("{line}\n"),
         })
         .collect();
-    let line_at = |offset: usize| code[..offset].matches('\n').count() + 1;
-    let mut found = Vec::new();
-    for (at, _) in code.match_indices("crate::") {
-        if code[..at].chars().next_back().is_some_and(|c| c == '$' || c == '_' || c.is_alphanumeric()) {
+    let starts_a_path = |at: usize| {
+        !code[..at].chars().next_back().is_some_and(|c| matches!(c, '$' | '_' | ':') || c.is_alphanumeric())
+    };
+    // Offsets just past a prefix that names the crate root.
+    let mut roots: Vec<usize> = code
+        .match_indices("crate::")
+        .filter(|(at, _)| starts_a_path(*at))
+        .map(|(at, prefix)| at + prefix.len())
+        .collect();
+    for (at, prefix) in code.match_indices("super::") {
+        if !starts_a_path(at) {
             continue;
         }
-        let start = at + "crate::".len();
+        let mut end = at;
+        let mut up = 0;
+        while code[end..].starts_with(prefix) {
+            end += prefix.len();
+            up += 1;
+        }
+        if up >= depth {
+            roots.push(end);
+        }
+    }
+    roots.sort_unstable();
+    let line_at = |offset: usize| code[..offset].matches('\n').count() + 1;
+    let mut found = Vec::new();
+    for start in roots {
         match code[start..].strip_prefix('{') {
             Some(group) => {
                 for (offset, name) in group_items(group) {
@@ -131,6 +156,13 @@ fn imports(text: &str) -> Vec<(usize, String)> {
         }
     }
     found
+}
+
+/// How many modules below the crate root a file under `src/` is: `x.rs` and `x/mod.rs` 1,
+/// `x/y.rs` 2.
+fn depth_of(relative: &Path) -> usize {
+    let components = relative.components().count();
+    if relative.file_name().is_some_and(|n| n == "mod.rs") { components - 1 } else { components }
 }
 
 /// The first identifier of each top-level item of a `{...}` group (`text` starts just after
@@ -201,7 +233,7 @@ fn violations(src: &Path) -> Vec<String> {
             continue;
         };
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("failed to read {}: {e}", path.display()));
-        for (line, imported) in imports(&text) {
+        for (line, imported) in imports(&text, depth_of(relative)) {
             if imported == module {
                 continue;
             }
@@ -277,12 +309,44 @@ use crate::{
 $crate::telemetry::init();
 use super::request::{self, MIN_TTL};
 let y = not_crate::cli::run();
+use super::super::webhook::lock;
+let z = x::super::run::go();
 ";
-    let expected =
-        [(1, "lease"), (2, "crd"), (2, "metrics"), (4, "names"), (5, "sidecar"), (7, "controller"), (7, "names")];
-    let found = imports(text);
+    let expected = [
+        (1, "lease"),
+        (2, "crd"),
+        (2, "metrics"),
+        (4, "names"),
+        (5, "sidecar"),
+        (7, "controller"),
+        (7, "names"),
+        (12, "webhook"),
+    ];
+    // As read in a file two modules down (`src/x/y.rs`).
+    let found = imports(text, 2);
     let found: Vec<(usize, &str)> = found.iter().map(|(line, name)| (*line, name.as_str())).collect();
     assert_eq!(found, expected);
+}
+
+#[test]
+fn super_reaches_the_root_only_from_deep_enough() {
+    let text = "use super::super::controller::X;\nuse super::sidecar::Y;\n";
+    // (depth of the file, modules read)
+    let cases: [(usize, &[&str]); 3] = [(1, &["controller", "sidecar"]), (2, &["controller"]), (3, &[])];
+    for (depth, expected) in cases {
+        let found = imports(text, depth);
+        let found: Vec<&str> = found.iter().map(|(_, name)| name.as_str()).collect();
+        assert_eq!(found, expected, "depth {depth}");
+    }
+}
+
+#[test]
+fn depth_counts_modules_not_files() {
+    for (path, depth) in
+        [("metrics.rs", 1), ("sidecar/mod.rs", 1), ("sidecar/api.rs", 2), ("webhook/guard/claim.rs", 3)]
+    {
+        assert_eq!(depth_of(Path::new(path)), depth, "{path}");
+    }
 }
 
 #[test]
