@@ -32,10 +32,10 @@ pub struct Release {
     pub reason: Option<String>,
     /// How long to wait for the controller to carry it out (or, for a request, to take
     /// it in).
-    #[arg(long, default_value = "30s", value_parser = crate::controller::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub timeout: Duration,
     /// How long a request may wait for its approvals (where the lock's policy needs any).
-    #[arg(long, default_value = "1h", value_parser = crate::controller::parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = crate::duration::parse_duration)]
     pub ttl: Duration,
 }
 

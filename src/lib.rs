@@ -15,7 +15,8 @@
 //! - [`sidecar`]: the local lock API in app pods; [`run`]: `leasehold run`;
 //! - [`webhook`]: admission (sidecar injection, fenced objects, force release);
 //! - [`metrics`], [`telemetry`], [`admin`]: observability and the admin HTTP server.
-//! - [`boottime`]: `CLOCK_BOOTTIME` (counts suspensions) for the holder side's deadlines.
+//! - [`boottime`]: `CLOCK_BOOTTIME` (counts suspensions) for the holder side's deadlines;
+//!   [`names`], [`duration`]: lock names and durations, checked one way everywhere.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -28,9 +29,15 @@ pub mod controller;
 pub mod crd;
 pub mod crd_docs;
 pub mod crd_force;
+pub mod duration;
 pub mod kube_client;
+#[cfg(test)]
+mod layering;
 pub mod lease;
 pub mod metrics;
+#[cfg(test)]
+mod metrics_doc;
+pub mod names;
 pub mod run;
 pub mod sidecar;
 pub mod supervise;

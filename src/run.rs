@@ -34,8 +34,8 @@ use tracing::{info, warn};
 
 use crate::boottime::{self, BootTimer};
 use crate::claim::{AcquireError, Claimant, Hold, HoldStatus};
-use crate::controller::parse_duration;
 use crate::crd::MANAGER_CLI;
+use crate::duration::parse_duration;
 use crate::lease::Identity;
 use channel::Message;
 
@@ -71,7 +71,7 @@ Exit codes (run and wait):
 /// How long a try-lock (`--try`, `--wait 0s`) gives the grant to arrive: the controller
 /// must see the claim and grant, and we confirm — one round trip each, never instant. The
 /// same as the sidecar API's `waitSeconds: 0`.
-pub const TRY_WAIT: Duration = crate::sidecar::request::MIN_WAIT;
+pub const TRY_WAIT: Duration = crate::claim::MIN_WAIT;
 
 /// `leasehold run` arguments.
 #[derive(Clone, Debug, clap::Args)]

@@ -15,6 +15,7 @@
 mod book;
 pub mod edit;
 mod hold;
+pub mod react;
 mod renewer;
 mod watch;
 
@@ -29,13 +30,17 @@ use tracing::{debug, info, warn};
 
 pub use edit::LostReason;
 pub use hold::{Hold, HoldEvent, HoldStatus, ReleaseOutcome};
+pub use react::{Ours, Reaction};
 pub use watch::lease_states;
 
 use crate::crd::{DistributedLock, LockClaim};
-use crate::lease::{
-    CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code, granted,
-};
+use crate::lease::{CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code};
 use crate::metrics::ClientMetrics;
+
+/// The shortest wait for a grant: a wait of 0 (a try-lock) still gives the controller this
+/// long to see the claim and grant, and the claimant to confirm — one round trip each,
+/// never an instant fail. The sidecar API's `waitSeconds: 0` and `leasehold run --try`.
+pub const MIN_WAIT: Duration = Duration::from_secs(1);
 
 /// Why an acquisition failed.
 #[derive(Debug, thiserror::Error)]
@@ -278,49 +283,60 @@ impl Claimant {
                     }
                 }
                 state = states.next() => {
-                    let Some(Some(lease)) = state else { continue };
-                    let Some(token) = edit::granted_token(&lease, &self.identity) else {
-                        // A grant whose confirmation was refused (its Lease was replaced or
-                        // deleted under it) was never reported held: if the controller now
-                        // drains it, acknowledge at once rather than let the lock wait
-                        // out a lease duration for nothing.
-                        if let Some(cleared) = unconfirmed.and_then(|t| edit::given_back(&lease, &self.identity, t)) {
-                            debug!(lock, token = unconfirmed, "acknowledging the drain of a grant never confirmed");
-                            if let Err(e) = self.store.replace(&cleared).await {
-                                debug!(lock, error = %e, "failed to acknowledge the drain of an unconfirmed grant");
+                    let Some(state) = state else { continue };
+                    let ours = Ours::Waiting(react::Waiting {
+                        identity: &self.identity,
+                        floor,
+                        unconfirmed,
+                        missed_grant,
+                        born: self.born,
+                        terms: &terms,
+                        now: Instant::now(),
+                    });
+                    let reaction = react::next(state.as_ref(), &ours);
+                    // No Lease (Reaction::Wait): nothing to do until it is created.
+                    let Some(lease) = state else { continue };
+                    let token = match reaction {
+                        Reaction::Confirm { token } => token,
+                        Reaction::NotGranted { acknowledge, claim_again } => {
+                            // A grant whose confirmation was refused (its Lease was replaced or
+                            // deleted under it) was never reported held: if the controller now
+                            // drains it, acknowledge at once rather than let the lock wait
+                            // out a lease duration for nothing.
+                            if let Some(token) = acknowledge {
+                                debug!(lock, token, "acknowledging the drain of a grant never confirmed");
+                                if let Err(e) = self.store.replace(&edit::released(&lease)).await {
+                                    debug!(lock, error = %e, "failed to acknowledge the drain of an unconfirmed grant");
+                                }
                             }
+                            // A grant we could not confirm was taken back, and our claim with it:
+                            // claim again now rather than at the next refresh.
+                            missed_grant = false;
+                            if claim_again {
+                                self.ensure_claim(lock, &timing).await?;
+                                next_refresh = tokio::time::Instant::now() + refresh;
+                            }
+                            continue;
                         }
-                        // A grant we could not confirm was taken back, and our claim with it:
-                        // claim again now rather than at the next refresh.
-                        if std::mem::take(&mut missed_grant) {
-                            self.ensure_claim(lock, &timing).await?;
-                            next_refresh = tokio::time::Instant::now() + refresh;
+                        // A leftover hold naming us (of a lost hold, or of an earlier process
+                        // with our identity) is never reported held: it is given back so the
+                        // controller grants afresh, with a higher token — once nobody can
+                        // still believe they hold it.
+                        Reaction::GiveBackAt { token, at } => {
+                            debug!(lock, token, "an earlier process's hold: giving it back after its renew deadline");
+                            leftover = Some(tokio::time::Instant::from_std(at));
+                            continue;
                         }
-                        continue;
+                        Reaction::GiveBack { token } => {
+                            debug!(lock, token, "giving back a leftover hold");
+                            if let Err(e) = self.store.replace(&edit::released(&lease)).await {
+                                debug!(lock, error = %e, "failed to give back a leftover hold");
+                            }
+                            continue;
+                        }
+                        // Reactions of a holder: never given while waiting.
+                        Reaction::Wait | Reaction::Renew | Reaction::LetGo(_) => continue,
                     };
-                    // A hold naming us that is already confirmed, or not newer than any we
-                    // were handed, is a leftover (of a lost hold, or of an earlier process
-                    // with our identity). Never report it held: give it back so the
-                    // controller grants afresh, with a higher token.
-                    if token <= floor || edit::is_confirmed(&lease) {
-                        // An earlier process may have told its app that it holds until that
-                        // process's renew deadline, which runs out at the latest one renew
-                        // deadline after we were made: the hold is given back only then.
-                        // (A hold of our own was given to us and ended before we queue.)
-                        if token > floor {
-                            let told_until = self.born + granted::of_lease(&lease, &terms).timing.renew_deadline;
-                            if told_until > Instant::now() {
-                                debug!(lock, token, "an earlier process's hold: giving it back after its renew deadline");
-                                leftover = Some(tokio::time::Instant::from_std(told_until));
-                                continue;
-                            }
-                        }
-                        debug!(lock, token, "giving back a leftover hold");
-                        if let Err(e) = self.store.replace(&edit::released(&lease)).await {
-                            debug!(lock, error = %e, "failed to give back a leftover hold");
-                        }
-                        continue;
-                    }
                     let sent = Instant::now();
                     match self.store.replace(&edit::renewed(&lease, Timestamp::now())).await {
                         Ok(confirmed) => {

@@ -12,6 +12,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{info, warn};
 
 use super::hold::{HoldEvent, HoldStatus, ReleaseOutcome, fence, fence_reason};
+use super::react::{self, Ours, Reaction};
 use super::{Claimant, LostReason, edit};
 use crate::lease::{CasError, Timing};
 
@@ -72,6 +73,11 @@ enum GaveBack {
 type Commands = mpsc::Receiver<oneshot::Sender<ReleaseOutcome>>;
 
 impl Renewer {
+    /// Where we stand: holding with our token.
+    fn ours(&self) -> Ours<'_> {
+        Ours::Holding { identity: &self.claimant.identity, token: self.token }
+    }
+
     fn fence(&self) -> Instant {
         fence(self.valid_until, self.max_until)
     }
@@ -107,11 +113,11 @@ impl Renewer {
                     return;
                 }
                 Some(state) = states.next() => {
-                    let verdict = edit::still_ours(state.as_ref(), &self.claimant.identity, self.token);
+                    let reaction = react::next(state.as_ref(), &self.ours());
                     if let Some(lease) = state {
                         self.lease = lease;
                     }
-                    if let Err(reason) = verdict {
+                    if let Reaction::LetGo(reason) = reaction {
                         self.lose(reason);
                         return self.drain(commands, true).await;
                     }
@@ -163,11 +169,13 @@ impl Renewer {
                         .get(&self.lock)
                         .await
                         .map_err(|e| RenewFailure::Transient(e.to_string()))?;
-                    let verdict = edit::still_ours(current.as_ref(), &self.claimant.identity, self.token);
+                    let reaction = react::next(current.as_ref(), &self.ours());
                     if let Some(lease) = current {
                         self.lease = lease;
                     }
-                    verdict.map_err(RenewFailure::Lost)?;
+                    if let Reaction::LetGo(reason) = reaction {
+                        return Err(RenewFailure::Lost(reason));
+                    }
                 }
                 Err(CasError::NotFound { .. }) => return Err(RenewFailure::Lost(LostReason::LeaseDeleted)),
                 Err(CasError::Unauthorized { message, .. }) if UNAUTHORIZED_TRANSIENT => {

@@ -26,7 +26,7 @@ pub struct Approve {
     #[arg(value_parser = parse_lock)]
     pub request: (String, String),
     /// How long to wait for the controller to take the approval in.
-    #[arg(long, default_value = "30s", value_parser = crate::controller::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub timeout: Duration,
 }
 
@@ -40,7 +40,7 @@ pub struct Deny {
     #[arg(long)]
     pub reason: String,
     /// How long to wait for the controller to take the denial in.
-    #[arg(long, default_value = "30s", value_parser = crate::controller::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub timeout: Duration,
 }
 

@@ -63,7 +63,7 @@ pub struct Wait {
     #[arg(long = "for", value_parser = parse_until)]
     pub until: Until,
     /// How long to wait before giving up (exit 75).
-    #[arg(long, default_value = "30s", value_parser = crate::controller::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub timeout: Duration,
 }
 

@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::crd::{DistributedLock, ForceReleaseRequest, LABEL_LOCK, LockClaim};
+use crate::duration::parse_duration;
 use crate::lease::election::{Elector, Leadership};
 use crate::lease::{LeaseStore, Timing};
 use crate::metrics::{ControllerMetrics, WebhookMetrics};
@@ -109,12 +110,6 @@ pub struct Config {
     /// Admission webhooks.
     #[command(flatten)]
     pub webhook: crate::webhook::Config,
-}
-
-/// Parses durations like `500ms`, `2s`, `1m30s`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d: jiff::SignedDuration = s.parse().map_err(|e| format!("invalid duration {s:?}: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("invalid duration {s:?}: must not be negative"))
 }
 
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>

@@ -23,8 +23,7 @@ use serde_json::json;
 use super::request::{self, MAX_BODY_BYTES, check_no_body, parse_acquire, parse_handle};
 use super::slots::{Granted, HandleError, HandleRelease, Slots, millis, wall_after};
 use crate::claim::AcquireError;
-
-pub use super::request::validate_lock_name;
+use crate::names::validate_lock_name;
 
 /// An API error: status, machine code, human message.
 #[derive(Debug)]

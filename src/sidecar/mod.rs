@@ -35,8 +35,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::claim::Claimant;
-use crate::controller::parse_duration;
 use crate::crd::MANAGER_SIDECAR;
+use crate::duration::parse_duration;
 use crate::lease::Identity;
 use crate::metrics::ClientMetrics;
 use crate::supervise::Completion;
@@ -102,7 +102,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         file.clear().with_context(|| format!("failed to remove the leftover hold file {}", file.path().display()))?;
     }
     if let Some(lock) = &config.hold {
-        api::validate_lock_name(lock).map_err(|_| anyhow::anyhow!("--hold {lock:?} is not a valid lock name"))?;
+        crate::names::validate_lock_name(lock)
+            .map_err(|_| anyhow::anyhow!("--hold {lock:?} is not a valid lock name"))?;
     }
     let mut registry = Registry::default();
     let apiserver_metrics = crate::metrics::register_common(&mut registry);

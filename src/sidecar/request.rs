@@ -11,13 +11,13 @@ use serde::Deserialize;
 
 use super::api::ApiError;
 use super::owner::{Binding, Handle, Terms};
+use crate::claim::MIN_WAIT;
+use crate::names::{InvalidLockName, is_dns_label};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// The wait used when a request names none.
 pub const DEFAULT_WAIT_SECONDS: f64 = 30.0;
-/// A wait of 0 still gives the grant this long to arrive (a try-lock, not an instant fail).
-pub const MIN_WAIT: Duration = Duration::from_secs(1);
 /// The shortest caller TTL accepted.
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 
@@ -44,25 +44,10 @@ fn bad(code: &'static str, message: String) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
 }
 
-/// Checks a lock name: a DNS label, as the CRD requires.
-pub fn validate_lock_name(name: &str) -> Result<(), ApiError> {
-    if is_dns_label(name) {
-        Ok(())
-    } else {
-        let shown: String = name.chars().take(80).collect();
-        Err(bad(
-            "invalid_lock_name",
-            format!("lock name {shown:?} is not a DNS label (at most 63 lowercase letters, digits and '-')"),
-        ))
+impl From<InvalidLockName> for ApiError {
+    fn from(e: InvalidLockName) -> ApiError {
+        bad("invalid_lock_name", e.to_string())
     }
-}
-
-fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
 }
 
 /// Checks a wait: a finite number of seconds in `0..=max`.
@@ -189,13 +174,14 @@ mod tests {
     }
 
     #[test]
-    fn lock_names() {
-        for ok in ["a", "orders", "a-1", &"x".repeat(63)] {
-            assert!(validate_lock_name(ok).is_ok(), "{ok}");
-        }
+    fn bad_lock_names_answer_400_invalid_lock_name() {
         for bad in ["", "A", "a.b", "-a", "a-", "a_b", &"x".repeat(64), "a b", "ü"] {
-            let e = validate_lock_name(bad).expect_err(bad);
+            let e = ApiError::from(crate::names::validate_lock_name(bad).expect_err(bad));
             assert_eq!((e.status(), e.code()), (StatusCode::BAD_REQUEST, "invalid_lock_name"));
+            assert_eq!(
+                e.message(),
+                format!("lock name {bad:?} is not a DNS label (at most 63 lowercase letters, digits and '-')")
+            );
         }
     }
 

@@ -130,7 +130,7 @@ pub fn read(annotations: &BTreeMap<String, String>, ports: &[DeclaredPort]) -> R
     let hold = match annotations.get(ANNOTATION_HOLD) {
         None => None,
         Some(lock) => {
-            crate::sidecar::api::validate_lock_name(lock).map_err(|_| {
+            crate::names::validate_lock_name(lock).map_err(|_| {
                 format!("annotation {ANNOTATION_HOLD}: {lock:?} is not a lock name (a lowercase DNS label)")
             })?;
             Some(lock.clone())
@@ -154,7 +154,7 @@ pub fn read(annotations: &BTreeMap<String, String>, ports: &[DeclaredPort]) -> R
         Some(_) if hold.is_none() => {
             return Err(format!("annotation {ANNOTATION_HOLD_APP_DOWN_AFTER} needs {ANNOTATION_HOLD}"));
         }
-        Some(value) => match crate::controller::parse_duration(value) {
+        Some(value) => match crate::duration::parse_duration(value) {
             Ok(d) if !d.is_zero() => Some(value.clone()),
             _ => {
                 return Err(format!(
