@@ -30,7 +30,7 @@ use super::force::{self, Target};
 use super::requests::HoldView;
 use super::status::{Granted, Outcome, Ready};
 use super::view::{self, Claim, LeaseDrain, LeaseHold, LeaseState};
-use crate::crd::{DistributedLock, DistributedLockStatus, ForceReleaseEntry, ForceReleaseRequest};
+use crate::crd::{DistributedLock, DistributedLockStatus, ForceRelease, ForceReleaseEntry, ForceReleaseRequest};
 use crate::lease::{GrantedTiming, Identity, RevokeReason, Timing, granted, token};
 
 pub use settle::{Judgement, RequestUpdate};
@@ -319,34 +319,9 @@ fn hold_view(state: &LeaseState) -> HoldView {
     }
 }
 
-/// What to write and record for one lock.
-pub fn plan(o: &Observation) -> Plan {
-    let lock = o.lock;
-    let deleting = lock.metadata.deletion_timestamp.is_some();
-    let spec_terms = GrantedTiming::of_spec(&lock.spec);
-    let state = view::lease_state(o.lease);
-    let held = match &state {
-        LeaseState::Held(h) => Some(h),
-        _ => None,
-    };
-
-    // The one-step annotation acts only where the policy needs no approvals, and only
-    // once it names its target.
-    let annotation = force::request(lock.annotations());
-    if let Some(request) = &annotation {
-        if o.required > 0 {
-            return Plan { first: Some(settle::refusal(request, o.required, o.wall)), ..Plan::empty() };
-        }
-        if request.target == Target::Unstamped {
-            return Plan { first: Some(First::Stamp(force::target_of(held.and_then(|h| h.token)))), ..Plan::empty() };
-        }
-    }
-    // ForceReleaseRequests: the oldest approved one is carried out like the annotation.
-    let judgements = if deleting { Vec::new() } else { settle::judge(o, &hold_view(&state)) };
-    let force = annotation.or_else(|| settle::to_execute(&judgements));
-
-    let (live, stale) = queue(o, held.map(|h| &h.identity));
-    let current = match (&state, o.hold, o.drain_since_renewal) {
+/// The hold on the Lease as the decision sees it, with its clocks.
+fn current(o: &Observation, state: &LeaseState, force: Option<&force::Request>) -> Current {
+    match (state, o.hold, o.drain_since_renewal) {
         (LeaseState::Held(h), Some(clock), _) => Current::Held(HolderState {
             token: h.token,
             confirmed: h.confirmed,
@@ -354,33 +329,51 @@ pub fn plan(o: &Observation) -> Plan {
             held_for: clock.held_for,
             pod_gone: clock.pod_gone,
             claim_present: o.claims.iter().any(|w| w.claim.identity == h.identity),
-            forced: force.as_ref().is_some_and(|r| force::targets(r, h.token)),
+            forced: force.is_some_and(|r| force::targets(r, h.token)),
         }),
         (LeaseState::Draining(d), _, Some(since_renewal)) => {
             Current::Draining(DrainState { acknowledged: d.holder.is_none(), since_renewal })
         }
         _ => Current::Free,
-    };
-    // Only a waiter looked at and found serveable is granted.
-    let serveable = live.iter().take_while(|w| w.serveable == Some(true)).count();
-    let inputs = decide::Inputs {
-        terms: granted::of_lease(o.lease, &spec_terms),
-        confirm_timeout: o.confirm_timeout,
-        current: current.clone(),
-        waiting: serveable,
-        deleting,
-        tokens: o.tokens,
-        wall_clock_ms: o.wall.as_millisecond(),
-    };
-    let decision = decide::decide(&inputs);
+    }
+}
 
-    let mut plan = Plan { stale, ..Plan::empty() };
+/// A write the force-release annotation needs before anything else: refused where the
+/// policy needs approvals, stamped with its target while it names none.
+fn first_write(o: &Observation, annotation: Option<&force::Request>, held: Option<&LeaseHold>) -> Option<First> {
+    let request = annotation?;
+    if o.required > 0 {
+        return Some(settle::refusal(request, o.required, o.wall));
+    }
+    (request.target == Target::Unstamped).then(|| First::Stamp(force::target_of(held.and_then(|h| h.token))))
+}
+
+/// What is left to plan after a decision is carried out.
+enum Next {
+    /// Settle force releases and status around this Lease write (`None`: no write).
+    Settle(Option<Box<Lease>>),
+    /// Nothing: the plan is complete.
+    Done,
+}
+
+/// Carries out `decision` into `plan`: the grants, revocations and drains it makes, and
+/// what is left to plan.
+fn carry_out(
+    o: &Observation,
+    decision: &Decision,
+    current: &Current,
+    head: Option<&Claim>,
+    force: Option<&force::Request>,
+    plan: &mut Plan,
+) -> Next {
+    let spec_terms = GrantedTiming::of_spec(&o.lock.spec);
+    let state = view::lease_state(o.lease);
     let drained = match &state {
         LeaseState::Draining(d) => Some(Drained { token: d.revoked, acknowledged: d.holder.is_none() }),
         _ => None,
     };
     let revoked = |revocation: &decide::Revocation, raised_to: i64, drain_from: Option<Duration>| {
-        let h = held.expect("only a granted hold is revoked");
+        let LeaseState::Held(h) = &state else { unreachable!("only a granted hold is revoked") };
         Revoked {
             reason: revocation.reason,
             token: revocation.token,
@@ -388,25 +381,31 @@ pub fn plan(o: &Observation) -> Plan {
             holder: h.identity.clone(),
             claim: o.claims.iter().find(|w| w.claim.identity == h.identity).map(|w| w.claim.clone()),
             drain_from,
-            force: force.clone().filter(|_| revocation.reason == RevokeReason::Forced),
+            force: force.cloned().filter(|_| revocation.reason == RevokeReason::Forced),
         }
     };
-    let desired = match &decision {
-        Decision::Blocked(blocked) => return not_ready(lock, o.known, o.required, blocked_ready(blocked)),
+    let lease = match decision {
+        Decision::Blocked(blocked) => {
+            *plan = not_ready(o.lock, o.known, o.required, blocked_ready(blocked));
+            return Next::Done;
+        }
         Decision::DeleteLease => {
             plan.drained.extend(drained);
             plan.lease = LeaseWrite::Delete;
-            return plan;
+            plan.track_holder = false;
+            return Next::Done;
         }
         Decision::Keep { recheck } => {
             plan.recheck = *recheck;
             None
         }
         Decision::Grant { token, revoked: revocation } => {
-            let head = &live[0].claim;
+            let head = head.expect("a grant serves the head of the queue");
             let reason = revocation.as_ref().map(|r| r.reason.as_str());
             let lease = build::granted(o.lease, head, *token, &spec_terms, o.wall, reason);
-            let handoff_ms = match (&current, revocation) {
+            // From the holder's release (the Lease's last renewal) to this grant; none
+            // after a drain.
+            let handoff_ms = match (current, revocation) {
                 (Current::Free, None) => o
                     .lease
                     .spec
@@ -438,17 +437,17 @@ pub fn plan(o: &Observation) -> Plan {
             Some(build::freed(o.lease))
         }
     };
-    let after = desired.as_ref().unwrap_or(o.lease);
-    plan.lease = desired.clone().map_or(LeaseWrite::Keep, |l| LeaseWrite::Replace(Box::new(l)));
+    Next::Settle(lease.map(Box::new))
+}
 
-    // What the force release and the requests become, given this write.
-    let revoked_now = plan.revocations.iter().any(|r| r.reason == RevokeReason::Forced);
-    let settled = settle::settle(lock, force, held.and_then(|h| h.token), &state, revoked_now, o.wall);
-    plan.clear_annotation = settled.clear;
-    plan.skipped = settled.skipped;
-    let executed_now = settled.forced.as_ref().and_then(|f| f.request.clone());
-    plan.requests = settle::updates(&judgements, o.required, executed_now.as_deref(), o.wall);
-
+/// The status that follows the writes of `plan`, which leave the Lease as `after`.
+fn status_after(
+    o: &Observation,
+    plan: &Plan,
+    after: &Lease,
+    waiters: Vec<Claim>,
+    forced: Option<ForceRelease>,
+) -> StatusPlan {
     // With every token issued, what needs none goes on (holding, releasing, draining),
     // but the lock can never be granted again: say so.
     let ready = match o.tokens {
@@ -457,24 +456,21 @@ pub fn plan(o: &Observation) -> Plan {
         }
         _ => Ready::Yes,
     };
-    plan.announce = announcement(lock.status.as_ref(), &ready);
     let trusted = match o.tokens {
         Tokens::Known(t) => t,
         Tokens::Tampered { .. } => 0,
     };
-    let new_state = view::lease_state(after);
-    let (hold, draining) = match new_state {
+    let (hold, draining) = match view::lease_state(after) {
         LeaseState::Held(h) => (Some(h), None),
         LeaseState::Draining(d) => (None, Some(d)),
         LeaseState::Free => (None, None),
     };
-    let granted_live = plan.grants.len();
-    plan.status = Some(StatusPlan {
+    StatusPlan {
         hold,
         draining,
-        waiters: live.iter().skip(granted_live).map(|w| w.claim.clone()).collect(),
+        waiters,
         ready,
-        timing: granted::of_lease(after, &spec_terms).timing,
+        timing: granted::of_lease(after, &GrantedTiming::of_spec(&o.lock.spec)).timing,
         token: trusted.max(o.known).max(plan.minted().unwrap_or(0)),
         outcome: Outcome {
             granted: plan
@@ -482,12 +478,63 @@ pub fn plan(o: &Observation) -> Plan {
                 .first()
                 .map(|g| Granted { waited_seconds: g.waited_seconds, handoff_ms: g.handoff_ms }),
             revoked: plan.revocations.first().map(|r| r.reason),
-            forced: settled.forced,
+            forced,
             history: Vec::new(),
         },
         approvals: o.required,
-    });
-    plan.track_holder = true;
+    }
+}
+
+/// What to write and record for one lock.
+pub fn plan(o: &Observation) -> Plan {
+    let deleting = o.lock.metadata.deletion_timestamp.is_some();
+    let state = view::lease_state(o.lease);
+    let held = match &state {
+        LeaseState::Held(h) => Some(h),
+        _ => None,
+    };
+    let annotation = force::request(o.lock.annotations());
+    if let Some(first) = first_write(o, annotation.as_ref(), held) {
+        return Plan { first: Some(first), ..Plan::empty() };
+    }
+    // ForceReleaseRequests: the oldest approved one is carried out like the annotation.
+    let judgements = if deleting { Vec::new() } else { settle::judge(o, &hold_view(&state)) };
+    let force = annotation.or_else(|| settle::to_execute(&judgements));
+
+    let (live, stale) = queue(o, held.map(|h| &h.identity));
+    let current = current(o, &state, force.as_ref());
+    let inputs = decide::Inputs {
+        terms: granted::of_lease(o.lease, &GrantedTiming::of_spec(&o.lock.spec)),
+        confirm_timeout: o.confirm_timeout,
+        current: current.clone(),
+        // Only a waiter looked at and found serveable is granted.
+        waiting: live.iter().take_while(|w| w.serveable == Some(true)).count(),
+        deleting,
+        tokens: o.tokens,
+        wall_clock_ms: o.wall.as_millisecond(),
+    };
+    let decision = decide::decide(&inputs);
+    let mut plan = Plan { stale, track_holder: true, ..Plan::empty() };
+    let head = live.first().map(|w| &w.claim);
+    let desired = match carry_out(o, &decision, &current, head, force.as_ref(), &mut plan) {
+        Next::Settle(desired) => desired,
+        Next::Done => return plan,
+    };
+    plan.lease = desired.clone().map_or(LeaseWrite::Keep, LeaseWrite::Replace);
+
+    // What the force release and the requests become, given this write.
+    let revoked_now = plan.revocations.iter().any(|r| r.reason == RevokeReason::Forced);
+    let settled = settle::settle(o.lock, force, held.and_then(|h| h.token), &state, revoked_now, o.wall);
+    plan.clear_annotation = settled.clear;
+    plan.skipped = settled.skipped;
+    let executed_now = settled.forced.as_ref().and_then(|f| f.request.clone());
+    plan.requests = settle::updates(&judgements, o.required, executed_now.as_deref(), o.wall);
+
+    let granted_live = plan.grants.len();
+    let waiters = live.iter().skip(granted_live).map(|w| w.claim.clone()).collect();
+    let status = status_after(o, &plan, desired.as_deref().unwrap_or(o.lease), waiters, settled.forced);
+    plan.announce = announcement(o.lock.status.as_ref(), &status.ready);
+    plan.status = Some(status);
 
     // Wake up for the next deadline: expiry, confirmation, max hold, drain, a claim going
     // stale, a request expiring.
