@@ -13,10 +13,10 @@ use kube::api::PostParams;
 use leasehold::claim::edit;
 use leasehold::crd::LockClaim;
 use leasehold::lease::Identity;
-use rand::Rng;
 use serde_json::json;
 
 use crate::observe::Latest;
+use crate::plan::Settle;
 use crate::record::{Panel, Run, Series};
 use crate::stats::ms_between;
 use crate::support::Env;
@@ -89,10 +89,10 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
 }
 
 /// Voluntary handoff at the Lease level between two claimant identities: the waiter's claim
-/// is queued (status lists it, plus U[50,100) ms); the holder deletes its claim, then clears
+/// is queued (status lists it, plus the `settle`); the holder deletes its claim, then clears
 /// the holder by CAS (timed from that call's return); the grant to the waiter is seen on
 /// the watch, and the waiter confirms at once.
-pub async fn handoff(env: &Env, lock: &str, warmup: usize, samples: usize) -> anyhow::Result<Run> {
+pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, samples: usize) -> anyhow::Result<Run> {
     let leases = env.leases();
     let claims: Api<LockClaim> = Api::namespaced(env.ns.client.clone(), env.name());
     let dl = Latest::start(env.locks(), lock);
@@ -111,7 +111,7 @@ pub async fn handoff(env: &Env, lock: &str, warmup: usize, samples: usize) -> an
             d.status.as_ref().is_some_and(|s| s.waiters.iter().any(|w| w.identity == waiter.id))
         })
         .await?;
-        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..100))).await;
+        tokio::time::sleep(settle.pause()).await;
         claims.delete(&holder.claim_name(lock), &Default::default()).await?;
         let seen_before = grants.grants().len();
         let call = Instant::now();
@@ -132,6 +132,7 @@ pub async fn handoff(env: &Env, lock: &str, warmup: usize, samples: usize) -> an
         "warmup": warmup,
         "samples": samples,
         "claimants": "the bench, two identities outside any Pod, admin client",
+        "settle": format!("release once status lists the waiter, plus {}", settle.describe()),
         "sample_start": "the holder's CAS clearing holderIdentity returned",
         "sample_stop": "the grant to the waiter arrived on the bench's watch of the lock Lease",
     });

@@ -2,7 +2,8 @@
 //! on this machine, against a control plane of its own.
 //!
 //! Order matters: the quiet baseline of apiserver writes first (before any lock exists),
-//! then the latency-sensitive measurements one at a time, then throughput, then the slow
+//! then the latency-sensitive measurements, interleaved in rounds so that each sees the same
+//! load (bench/rounds.rs), then the held locks and failovers, then throughput, then the slow
 //! timer-bound runs (peers' handoffs and failovers, Leasehold's crash failover) side by
 //! side, and the 10,000-lock memory run last (it leaves the apiserver with a lot to carry).
 //! Every phase's failure is recorded and the run goes on; the exit status says whether
@@ -12,15 +13,18 @@
 
 use leasehold_e2e_support as support;
 
+mod cpu;
 mod floors;
 mod lease_level;
 mod node;
 mod observe;
 mod output;
 mod peers;
+mod plain_cas;
 mod plan;
 mod record;
 mod report;
+mod rounds;
 mod scale;
 mod sidecar;
 mod slow;
@@ -38,8 +42,8 @@ use futures::FutureExt;
 use serde_json::json;
 
 use observe::{Writes, scrape};
-use plan::Plan;
-use record::{Panel, Run};
+use plan::{Plan, Settle};
+use record::{Panel, Phase, Run};
 use support::Env;
 
 fn main() -> ExitCode {
@@ -80,10 +84,11 @@ async fn phase<F: Future<Output = anyhow::Result<Run>>>(run: &mut Run, began: In
         return;
     }
     say(began, &format!("{name} ..."));
+    let load_start = output::loadavg();
     let started = Instant::now();
     let outcome = AssertUnwindSafe(f).catch_unwind().await;
     let seconds = started.elapsed().as_secs_f64();
-    run.phases.push((name.to_owned(), seconds));
+    run.phases.push(Phase { name: name.to_owned(), seconds, load_start, load_end: output::loadavg() });
     match outcome {
         Ok(Ok(records)) => run.merge(records),
         Ok(Err(error)) => run.failures.push(format!("{name}: {error:#}")),
@@ -139,11 +144,11 @@ async fn bench() -> anyhow::Result<bool> {
     };
 
     // 1. The background of apiserver writes with no lock anywhere (the controller's and the
-    //    apiserver's own Lease renewals), and meanwhile the etcd floor and the etcd lock's
-    //    handoff, which never touch the apiserver.
+    //    apiserver's own Lease renewals), and meanwhile the etcd floor, which never touches
+    //    the apiserver.
     let mut background = Writes::default();
     let baseline = baseline(&admin, &peers, &plan, &mut background);
-    phase(&mut run, began, "baseline writes + etcd floor + etcd handoff", baseline).await;
+    phase(&mut run, began, "baseline writes + etcd floor", baseline).await;
 
     // Locks, pods and sidecars for what follows (their creation writes fall in no window).
     let mut world = None;
@@ -157,36 +162,11 @@ async fn bench() -> anyhow::Result<bool> {
         return output::finish(run, &out, &logs, began, measured).await;
     };
 
-    // 2. Floors through the apiserver.
-    phase(&mut run, began, "floor: Lease CAS (kube-rs, client-go)", async {
-        let mut r = Run::default();
-        r.series.push(floors::lease_cas(env.leases(), plan.warmup, plan.samples).await?);
-        let cas = peers.run("lease-cas", plan.samples, &[], "lease-cas").await?;
-        r.series.push(cas.series(
-            "floor.lease_cas.clientgo",
-            "One Lease CAS (update with resourceVersion) through the apiserver, client-go",
-            Panel::Fast,
-        ));
-        Ok(r)
-    })
-    .await;
-
-    // 3. Leasehold through sidecars and at the Lease level, one measurement at a time.
-    phase(&mut run, began, "Leasehold: uncontended acquire", async {
-        sidecar::uncontended(&env, &admin, &world.acquirer, "acquire", &background, plan.warmup, plan.samples).await
-    })
-    .await;
-    phase(&mut run, began, "Leasehold: voluntary handoff via sidecars", async {
-        let ((sa, a), (sb, b)) = &world.handoff;
-        sidecar::handoff(&env, (sa, a), (sb, b), "handoff", plan.handoff_warmup, plan.samples).await
-    })
-    .await;
-    phase(&mut run, began, "Leasehold: grant latency and handoff at the Lease level", async {
-        let mut r = lease_level::grant_latency(&env, "lease-grant", plan.handoff_warmup, plan.samples).await?;
-        r.merge(lease_level::handoff(&env, "lease-handoff", plan.handoff_warmup, plan.samples).await?);
-        Ok(r)
-    })
-    .await;
+    // 2. The latency series, interleaved in rounds so that each sees the same load: the
+    //    floors, Leasehold's acquire and handoffs, the etcd lock's handoff.
+    let controller_pid = controller.process.as_ref().map(|p| p.pid());
+    let name = "interleaved rounds: floor (Lease CAS: kube-rs, plain HTTPS, client-go), acquire, handoff (sidecars, Lease level, etcd)";
+    phase(&mut run, began, name, interleaved(&env, &admin, controller_pid, &peers, &world, &plan, &background)).await;
     phase(&mut run, began, "Leasehold: held locks (writes, sidecar memory)", async {
         let locks: Vec<String> = (0..plan.held_locks).map(|i| format!("held-{i}")).collect();
         sidecar::held(&admin, &world.acquirer, &locks, &background, plan.held_window).await
@@ -250,8 +230,88 @@ async fn bench() -> anyhow::Result<bool> {
     output::finish(run, &out, &logs, began, measured).await
 }
 
+/// The series measured in rounds, each round a share of every series in a rotating order
+/// (bench/rounds.rs): the raw Lease CAS through kube-rs, a plain HTTPS client and client-go;
+/// Leasehold's uncontended acquire (with its writes per cycle and the CPU time per 1,000
+/// grants of the controller and the apiserver); the voluntary handoffs of Leasehold (via
+/// sidecars, with the steady and the short settle; at the Lease level) and of the etcd lock,
+/// each with the same steady settle ([`Settle::STEADY`]); the Lease-level grant latency.
+async fn interleaved(
+    env: &Env,
+    admin: &kube::Client,
+    controller: Option<u32>,
+    peers: &peers::Peers,
+    world: &World,
+    plan: &Plan,
+    background: &Writes,
+) -> anyhow::Result<Run> {
+    let cp = env.cp;
+    let mut processes = Vec::new();
+    processes.extend(controller.map(|pid| ("controller", pid)));
+    processes.extend(cpu::find(&cp.child_pids(), "kube-apiserver").map(|pid| ("kube-apiserver", pid)));
+    let mut tally = cpu::Tally::new(&processes);
+    let mut acquire_writes = Writes::default();
+    let mut acquire_cycles = 0;
+    let ((sa, a), (sb, b)) = &world.handoff;
+    let mut rounds = Vec::new();
+    for r in 0..plan.rounds {
+        let n = rounds::share(plan.samples, plan.rounds, r);
+        // The first round warms up fully; later ones only re-establish their watches.
+        let (warmup, handoff_warmup) =
+            if r == 0 { (plan.warmup, plan.handoff_warmup) } else { (plan.warmup.min(3), plan.handoff_warmup.min(2)) };
+        let mut round = Run::default();
+        for step in rounds::order(9, r) {
+            let part = match step {
+                0 => Run { series: vec![floors::lease_cas(env.leases(), warmup, n).await?], ..Run::default() },
+                1 => {
+                    let s = plain_cas::lease_cas(cp.server_url(), cp.ca_pem(), cp.admin_token(), env.name(), warmup, n);
+                    Run { series: vec![s.await?], ..Run::default() }
+                }
+                2 => {
+                    let cas = peers.run("lease-cas", n, &[], &format!("lease-cas-{r}")).await?;
+                    let title = "One Lease CAS (update with resourceVersion) through the apiserver, client-go";
+                    Run { series: vec![cas.series("floor.lease_cas.clientgo", title, Panel::Fast)], ..Run::default() }
+                }
+                3 => {
+                    let samples = rounds::share(plan.etcd_handoff, plan.rounds, r);
+                    let handoff = peers.run("etcd-handoff", samples, &[], &format!("etcd-handoff-{r}")).await?;
+                    let title = "etcd concurrency.Mutex handoff (Unlock returned → waiter's Lock returned)";
+                    Run { series: vec![handoff.series("peer.etcd.handoff", title, Panel::Handoff)], ..Run::default() }
+                }
+                4 => {
+                    let mark = tally.mark()?;
+                    let (part, writes) =
+                        sidecar::uncontended(env, admin, &world.acquirer, "acquire", warmup, n).await?;
+                    tally.add(&mark, warmup + n)?;
+                    acquire_writes.add(&writes);
+                    acquire_cycles += n;
+                    part
+                }
+                5 => sidecar::handoff(env, (sa, a), (sb, b), "handoff", Settle::STEADY, handoff_warmup, n).await?,
+                6 => sidecar::handoff(env, (sa, a), (sb, b), "handoff", Settle::SHORT, handoff_warmup, n).await?,
+                7 => lease_level::grant_latency(env, "lease-grant", handoff_warmup, n).await?,
+                _ => lease_level::handoff(env, "lease-handoff", Settle::STEADY, handoff_warmup, n).await?,
+            };
+            round.merge(part);
+        }
+        rounds.push(round);
+    }
+    let mut run = rounds::join(rounds);
+    run.writes.insert(0, sidecar::cycle_writes(&acquire_writes, background, acquire_cycles));
+    run.cpu.extend(tally.rows("uncontended acquire/release cycles through a sidecar, one grant each")?);
+    run.facts.insert(
+        "handoff settle (waiter seen queued → holder lets go)".into(),
+        json!(format!(
+            "{} for every handoff that takes one (Leasehold sidecars and Lease level, etcd lock); Leasehold sidecars also at {}; the poll-based peers (client-go, kube-lease-manager) release at a random phase of the waiter's poll instead",
+            Settle::STEADY.describe(),
+            Settle::SHORT.describe()
+        )),
+    );
+    Ok(run)
+}
+
 /// The quiet baseline: apiserver writes over `plan.baseline_window` with no lock anywhere,
-/// into `background`; meanwhile the etcd floor and the etcd lock's handoff.
+/// into `background`; meanwhile the etcd floor.
 async fn baseline(
     admin: &kube::Client,
     peers: &peers::Peers,
@@ -260,11 +320,7 @@ async fn baseline(
 ) -> anyhow::Result<Run> {
     let before = scrape(admin).await?;
     let t0 = Instant::now();
-    let etcd = async {
-        let put = peers.run("etcd-put", plan.etcd_put, &[], "etcd-put").await?;
-        let handoff = peers.run("etcd-handoff", plan.etcd_handoff, &[], "etcd-handoff").await?;
-        anyhow::Ok((put, handoff))
-    };
+    let etcd = peers.run("etcd-put", plan.etcd_put, &[], "etcd-put");
     let (etcd, ()) = tokio::join!(etcd, tokio::time::sleep(plan.baseline_window));
     let writes = Writes::between(&before, &scrape(admin).await?, t0.elapsed().as_secs_f64());
     let mut r = Run::default();
@@ -274,13 +330,7 @@ async fn baseline(
     );
     r.facts.insert("background window (s)".into(), json!(round1(writes.seconds)));
     *background = writes;
-    let (put, handoff) = etcd?;
-    r.series.push(put.series("floor.etcd_put", "One etcd Put (512 B value)", Panel::Fast));
-    r.series.push(handoff.series(
-        "peer.etcd.handoff",
-        "etcd concurrency.Mutex handoff (Unlock returned → waiter's Lock returned)",
-        Panel::Handoff,
-    ));
+    r.series.push(etcd?.series("floor.etcd_put", "One etcd Put (512 B value)", Panel::Fast));
     Ok(r)
 }
 

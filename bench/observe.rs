@@ -114,6 +114,18 @@ impl Writes {
         w
     }
 
+    /// Adds the writes of another window (the rounds of one measurement).
+    pub fn add(&mut self, other: &Writes) {
+        for (mine, theirs) in
+            [(&mut self.ok, &other.ok), (&mut self.conflicts, &other.conflicts), (&mut self.failed, &other.failed)]
+        {
+            for (key, value) in theirs {
+                *mine.entry(key.clone()).or_insert(0.0) += value;
+            }
+        }
+        self.seconds += other.seconds;
+    }
+
     /// Successful writes in all.
     pub fn total(&self) -> f64 {
         // An empty f64 sum is -0.0; add 0.0 so that it prints as 0.

@@ -53,6 +53,15 @@ pub async fn finish(mut run: Run, out: &Path, logs: &Path, began: Instant, measu
             logs.display()
         ),
     );
+    // The verdicts on the terminal too, each met or missed and by how much.
+    for v in &verdicts {
+        let mark = match v.met {
+            Some(true) => "MET",
+            Some(false) => "MISSED",
+            None => "NOT MEASURED",
+        };
+        println!("target {mark}: {} — {} — {}", v.target, v.verdict, v.measured);
+    }
     for f in &run.failures {
         eprintln!("bench: FAILED: {f}");
     }

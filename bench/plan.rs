@@ -10,6 +10,38 @@ fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
 }
 
+/// The pause in a voluntary handoff between the waiter being seen queued and the holder
+/// letting go: uniform in `[min_ms, max_ms)`. Every handoff series that can take it uses
+/// the same one, so that no subject is measured with a waiter less settled than another's.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct Settle {
+    /// Shortest pause, ms.
+    pub min_ms: u64,
+    /// Longest pause (exclusive), ms.
+    pub max_ms: u64,
+}
+
+impl Settle {
+    /// The steady state of a queue: the etcd peer's own settle (`waiterSettle` plus up to
+    /// 100 ms of jitter in bench/peers/go/etcd.go), which outlasts etcd's 100 ms watch
+    /// resync so that its waiter is blocked on a synced watch. Every handoff series uses it.
+    pub const STEADY: Settle = Settle { min_ms: 150, max_ms: 250 };
+    /// A waiter that has only just queued: Leasehold's sidecar handoff is measured with it
+    /// too, to show whether a fresh waiter changes the result.
+    pub const SHORT: Settle = Settle { min_ms: 50, max_ms: 100 };
+
+    /// One pause, drawn at random.
+    pub fn pause(self) -> Duration {
+        use rand::Rng as _;
+        Duration::from_millis(rand::rng().random_range(self.min_ms..self.max_ms))
+    }
+
+    /// `U[150,250) ms`.
+    pub fn describe(self) -> String {
+        format!("U[{},{}) ms", self.min_ms, self.max_ms)
+    }
+}
+
 /// Sample counts, windows and sizes of one run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
@@ -21,6 +53,8 @@ pub struct Plan {
     pub handoff_warmup: usize,
     /// Samples of acquire, handoff, grant latency and the CAS floors.
     pub samples: usize,
+    /// Rounds those series are interleaved in (each takes a share of every series).
+    pub rounds: usize,
     /// Quiet window measuring background apiserver writes.
     #[serde(serialize_with = "secs")]
     pub baseline_window: Duration,
@@ -88,6 +122,7 @@ impl Plan {
             warmup: 20,
             handoff_warmup: 10,
             samples: 200,
+            rounds: 5,
             baseline_window: Duration::from_secs(20),
             held_locks: 10,
             held_window: Duration::from_secs(30),
@@ -120,8 +155,10 @@ impl Plan {
             warmup: 3,
             handoff_warmup: 2,
             samples: 15,
+            rounds: 3,
             baseline_window: Duration::from_secs(5),
-            held_locks: 3,
+            // As many as the full plan: the sidecar memory target is stated for 10 held locks.
+            held_locks: 10,
             held_window: Duration::from_secs(6),
             pod_deletions: 3,
             app_crashes: 3,

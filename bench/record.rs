@@ -106,6 +106,19 @@ pub struct Memory {
     pub params: Value,
 }
 
+/// One phase of the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Phase {
+    /// Its name.
+    pub name: String,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// `/proc/loadavg` (1, 5, 15 min) when it started.
+    pub load_start: String,
+    /// `/proc/loadavg` when it ended.
+    pub load_end: String,
+}
+
 /// Everything one run recorded.
 #[derive(Debug, Default, Serialize)]
 pub struct Run {
@@ -117,10 +130,12 @@ pub struct Run {
     pub writes: Vec<WriteCount>,
     /// Memory readings.
     pub memory: Vec<Memory>,
+    /// CPU time per 1,000 grants, one row per process.
+    pub cpu: Vec<WriteCount>,
     /// Versions, machine facts, parameters, sizes.
     pub facts: BTreeMap<String, Value>,
-    /// Phases and their wall time, seconds.
-    pub phases: Vec<(String, f64)>,
+    /// Phases: wall time and the load they ran under.
+    pub phases: Vec<Phase>,
     /// Things worth knowing when reading the numbers (noise, failures, choices).
     pub notes: Vec<String>,
     /// Phases that failed.
@@ -139,6 +154,7 @@ impl Run {
         self.throughput.extend(other.throughput);
         self.writes.extend(other.writes);
         self.memory.extend(other.memory);
+        self.cpu.extend(other.cpu);
         self.facts.extend(other.facts);
         self.notes.extend(other.notes);
         self.failures.extend(other.failures);

@@ -14,6 +14,7 @@ use rand::Rng;
 use serde_json::{Value, json};
 
 use crate::observe::{Latest, Writes, memory, scrape};
+use crate::plan::Settle;
 use crate::record::{Memory, Panel, Run, Series, WriteCount};
 use crate::stats::ms_between;
 use crate::support::watch::GrantLog;
@@ -67,18 +68,18 @@ fn granted(response: &Option<(u16, String)>) -> anyhow::Result<i64> {
     json["fencingToken"].as_i64().with_context(|| format!("acquire answered without a token: {body}"))
 }
 
-/// Uncontended acquire through the sidecar's HTTP API, and the apiserver writes of each
-/// acquire/release cycle. Before each cycle the controller has recorded the previous
-/// release in status (so the lock is free in its view: the steady state of an idle lock).
+/// Uncontended acquire through the sidecar's HTTP API, and the apiserver writes of the
+/// measured acquire/release cycles (raw: [`cycle_writes`] makes the row once every round is
+/// in). Before each cycle the controller has recorded the previous release in status (so
+/// the lock is free in its view: the steady state of an idle lock).
 pub async fn uncontended(
     env: &Env,
     admin: &kube::Client,
     sidecar: &Sidecar,
     lock: &str,
-    background: &Writes,
     warmup: usize,
     samples: usize,
-) -> anyhow::Result<Run> {
+) -> anyhow::Result<(Run, Writes)> {
     let dl = Latest::start(env.locks(), lock);
     let base = stats(&dl.wait("status", WAIT, |d| d.status.is_some()).await?.1).releases;
     let (mut acquire, mut release) = (Vec::new(), Vec::new());
@@ -109,8 +110,6 @@ pub async fn uncontended(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (before, t0) = before.context("at least one measured cycle")?;
     let writes = Writes::between(&before, &scrape(admin).await?, t0.elapsed().as_secs_f64());
-    let net = writes.less_background(background);
-    let n = samples as f64;
     let mut run = Run::default();
     let params = json!({
         "warmup": warmup,
@@ -135,34 +134,48 @@ pub async fn uncontended(
         release,
         params,
     ));
-    run.writes.push(WriteCount {
+    Ok((run, writes))
+}
+
+/// The row of apiserver writes per uncontended cycle, from the raw writes of `cycles`
+/// measured cycles, less the `background`.
+pub fn cycle_writes(writes: &Writes, background: &Writes, cycles: usize) -> WriteCount {
+    let net = writes.less_background(background);
+    let n = cycles.max(1) as f64;
+    WriteCount {
         what: "apiserver writes per uncontended acquire/release cycle".into(),
         value: net.total() / n,
         unit: "writes/cycle".into(),
         breakdown: net.breakdown(n),
         params: json!({
-            "cycles": samples,
+            "cycles": cycles,
             "window_s": writes.seconds,
             "raw_writes": writes.total(),
             "background_subtracted": writes.total() - net.total(),
             "conflicts_409_per_cycle": writes.conflicts_total() / n,
             "failed": writes.failed,
         }),
-    });
-    Ok(run)
+    }
 }
 
 /// Voluntary handoff between two sidecars: the waiter's acquire is pending and the
-/// controller lists it as waiting (plus 50–100 ms, so its watch is long established);
-/// then the holder releases. Sample: holder's release returned → waiter's acquire returned.
+/// controller lists it as waiting (plus the `settle`); then the holder releases. Sample:
+/// holder's release returned → waiter's acquire returned. With the steady settle the series
+/// are `leasehold.handoff*`; with any other, `leasehold.handoff_short_settle*`.
 pub async fn handoff(
     env: &Env,
     a: (&Sidecar, &TestPod),
     b: (&Sidecar, &TestPod),
     lock: &str,
+    settle: Settle,
     warmup: usize,
     samples: usize,
 ) -> anyhow::Result<Run> {
+    let (key, label) = if settle == Settle::STEADY {
+        ("leasehold.handoff", String::new())
+    } else {
+        ("leasehold.handoff_short_settle", format!(", settle {}", settle.describe()))
+    };
     let dl = Latest::start(env.locks(), lock);
     let mut grants = GrantLog::start(env.leases(), lock);
     let (status, body) = a.0.acquire(lock, 30.0).await;
@@ -173,7 +186,7 @@ pub async fn handoff(
         let waiter_id = waiter.1.identity().id;
         let pending = acquire_in_background(waiter.0.api, lock, 60.0);
         dl.wait("the waiter queued", WAIT, |d| waiting(d, &waiter_id)).await?;
-        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..100))).await;
+        tokio::time::sleep(settle.pause()).await;
         let seen_before = grants.grants().len();
         let call = Instant::now();
         let (status, body) = holder.0.release(lock).await;
@@ -195,30 +208,31 @@ pub async fn handoff(
     let params = json!({
         "warmup": warmup,
         "samples": samples,
-        "choreography": "waiter's acquire pending; release once status lists the waiter, plus U[50,100) ms",
+        "choreography": format!("waiter's acquire pending; release once status lists the waiter, plus {}", settle.describe()),
+        "settle": settle,
         "sample_start": "holder's POST .../release returned 200 (claim deleted, holder cleared by CAS)",
         "sample_stop": "waiter's POST .../acquire returned 200 with a token (grant seen and confirmed by CAS)",
     });
     let mut run = Run::default();
     run.series.push(Series::new(
-        "leasehold.handoff",
-        "Leasehold voluntary handoff via sidecars (release returned → waiter's acquire returned)",
+        key,
+        &format!("Leasehold voluntary handoff via sidecars (release returned → waiter's acquire returned){label}"),
         "Leasehold",
         Panel::Handoff,
         from_return,
         params.clone(),
     ));
     run.series.push(Series::new(
-        "leasehold.handoff_from_call",
-        "Leasehold voluntary handoff via sidecars, from the release call",
+        &format!("{key}_from_call"),
+        &format!("Leasehold voluntary handoff via sidecars, from the release call{label}"),
         "Leasehold",
         Panel::Handoff,
         from_call,
         params.clone(),
     ));
     run.series.push(Series::new(
-        "leasehold.handoff_grant_seen",
-        "Leasehold release returned → next grant visible on a Lease watch",
+        &format!("{key}_grant_seen"),
+        &format!("Leasehold release returned → next grant visible on a Lease watch{label}"),
         "Leasehold",
         Panel::Handoff,
         to_grant,

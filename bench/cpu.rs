@@ -1,0 +1,70 @@
+//! CPU time a process spent (user + system: `utime + stime` of `/proc/<pid>/stat`), read
+//! before and after each stretch of a measurement with a known number of grants: CPU
+//! seconds per 1,000 grants, for the controller and for kube-apiserver.
+
+use anyhow::Context as _;
+use procfs::process::Process;
+use serde_json::json;
+
+use crate::record::WriteCount;
+
+/// `utime + stime` of `pid`, in seconds.
+pub fn seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat =
+        Process::new(pid as i32).and_then(|p| p.stat()).with_context(|| format!("failed to read /proc/{pid}/stat"))?;
+    Ok((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+}
+
+/// The pid of the process named `comm` among `pids`.
+pub fn find(pids: &[u32], comm: &str) -> Option<u32> {
+    pids.iter().copied().find(|pid| Process::new(*pid as i32).and_then(|p| p.stat()).is_ok_and(|s| s.comm == comm))
+}
+
+/// CPU time of some processes over stretches of a measurement, and the grants made in them.
+pub struct Tally {
+    processes: Vec<(String, u32, f64)>,
+    grants: usize,
+}
+
+impl Tally {
+    /// A tally of each `(name, pid)`, empty.
+    pub fn new(processes: &[(&str, u32)]) -> Tally {
+        Tally { processes: processes.iter().map(|(n, p)| ((*n).to_owned(), *p, 0.0)).collect(), grants: 0 }
+    }
+
+    /// Each process's CPU time now, to pass to [`Self::add`] at the end of the stretch.
+    pub fn mark(&self) -> anyhow::Result<Vec<f64>> {
+        self.processes.iter().map(|(_, pid, _)| seconds(*pid)).collect()
+    }
+
+    /// Adds the CPU time since `mark` and the `grants` made meanwhile.
+    pub fn add(&mut self, mark: &[f64], grants: usize) -> anyhow::Result<()> {
+        for ((_, pid, used), before) in self.processes.iter_mut().zip(mark) {
+            *used += seconds(*pid)? - before;
+        }
+        self.grants += grants;
+        Ok(())
+    }
+
+    /// One row per process: CPU seconds per 1,000 grants.
+    pub fn rows(&self, what: &str) -> anyhow::Result<Vec<WriteCount>> {
+        anyhow::ensure!(self.grants > 0, "no grants to divide the CPU time of {what} by");
+        Ok(self
+            .processes
+            .iter()
+            .map(|(name, pid, used)| WriteCount {
+                what: format!("{name}: CPU seconds per 1,000 grants ({what})"),
+                value: used * 1000.0 / self.grants as f64,
+                unit: "CPU s/1,000 grants".into(),
+                breakdown: format!("utime+stime {used:.2} s over {} grants", self.grants),
+                params: json!({
+                    "pid": pid,
+                    "cpu_s": used,
+                    "grants": self.grants,
+                    "source": "/proc/<pid>/stat utime+stime, read before and after each stretch",
+                    "includes": "the process's background work in those stretches (its own Lease renewals, watches)",
+                }),
+            })
+            .collect())
+    }
+}
