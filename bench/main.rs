@@ -268,7 +268,9 @@ async fn interleaved(
                     Run { series: vec![s.await?], ..Run::default() }
                 }
                 2 => {
-                    let cas = peers.run("lease-cas", n, &[], &format!("lease-cas-{r}")).await?;
+                    // The same warm-up as the other floors in this round.
+                    let warm = warmup.to_string();
+                    let cas = peers.run("lease-cas", n, &["--warmup", &warm], &format!("lease-cas-{r}")).await?;
                     let title = "One Lease CAS (update with resourceVersion) through the apiserver, client-go";
                     Run { series: vec![cas.series("floor.lease_cas.clientgo", title, Panel::Fast)], ..Run::default() }
                 }
