@@ -107,6 +107,12 @@ pub struct Config {
     /// garbage collector delete them. The chart names its own.
     #[arg(long)]
     pub owner_cluster_role: Option<String>,
+    /// Locks reconciled at once. Each reconcile in flight holds a connection to the
+    /// apiserver and its buffers: unbounded, thousands of locks becoming due together (a
+    /// start, a failover) open thousands of connections and keep their memory; bounded,
+    /// they queue, and one lock is never reconciled twice at once either way.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..), env = "LEASEHOLD_MAX_CONCURRENT_RECONCILES")]
+    pub max_concurrent_reconciles: u16,
     /// Admission webhooks.
     #[command(flatten)]
     pub webhook: crate::webhook::Config,
@@ -209,7 +215,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .inspect(rbac::on_lock_event(rbac_tx))
         .applied_objects()
         .filter(only_objects);
-    let controller = Controller::for_stream(lock_stream, locks.clone());
+    let controller = Controller::for_stream(lock_stream, locks.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(config.max_concurrent_reconciles));
     registry.register_collector(Box::new(oldest_hold::OldestHold { locks: locks.clone() }));
 
     let reporter = Reporter { controller: crate::crd::MANAGER_CONTROLLER.into(), instance: Some(identity.clone()) };
