@@ -14,13 +14,9 @@ use serde_json::json;
 use crate::record::{Panel, Series};
 use crate::stats::ms;
 
-/// `warmup` then `samples` Lease updates, each sending the object the previous one
-/// returned (so its resourceVersion: a CAS, as a renewal is); only `replace` is timed.
-/// Ends by checking that a stale resourceVersion is refused with 409.
-pub async fn lease_cas(leases: Api<Lease>, warmup: usize, samples: usize) -> anyhow::Result<Series> {
-    let name = "bench-floor-cas";
-    let params = PostParams::default();
-    let lease = Lease {
+/// The Lease a raw-CAS floor updates: held by `bench`, renewed now.
+pub fn floor_lease(name: &str) -> Lease {
+    Lease {
         metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
         spec: Some(LeaseSpec {
             holder_identity: Some("bench".into()),
@@ -28,7 +24,16 @@ pub async fn lease_cas(leases: Api<Lease>, warmup: usize, samples: usize) -> any
             renew_time: Some(MicroTime(Timestamp::now())),
             ..LeaseSpec::default()
         }),
-    };
+    }
+}
+
+/// `warmup` then `samples` Lease updates, each sending the object the previous one
+/// returned (so its resourceVersion: a CAS, as a renewal is); only `replace` is timed.
+/// Ends by checking that a stale resourceVersion is refused with 409.
+pub async fn lease_cas(leases: Api<Lease>, warmup: usize, samples: usize) -> anyhow::Result<Series> {
+    let name = "bench-floor-cas";
+    let params = PostParams::default();
+    let lease = floor_lease(name);
     let mut current = leases.create(&params, &lease).await.context("failed to create the floor Lease")?;
     let first = current.clone();
     let mut out = Vec::with_capacity(samples);

@@ -13,7 +13,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
@@ -100,15 +100,7 @@ pub async fn lease_cas(
     let collection = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases");
     let path = format!("{collection}/{name}");
     let mut conn = Connection::open(server, ca_pem, token).await?;
-    let lease = Lease {
-        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("bench".into()),
-            lease_duration_seconds: Some(15),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            ..LeaseSpec::default()
-        }),
-    };
+    let lease = crate::floors::floor_lease(name);
     let (status, body) = conn.call("POST", &collection, Some(serde_json::to_vec(&lease)?)).await?;
     ensure!(
         status == 201,
