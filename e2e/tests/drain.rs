@@ -241,7 +241,7 @@ async fn a_deleted_pods_holder_is_drained_and_the_next_grant_waits_until_its_bel
 }
 
 #[tokio::test]
-async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_the_drain() {
+async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_its_end() {
     let env = Env::new("drain-maxhold").await;
     let _controller = env.controller(&["--leader-elect=false"]).await;
     env.lock(LOCK, DistributedLockSpec { max_hold_seconds: Some(3), ..timing(6, 4, 1) }).await;
@@ -256,8 +256,7 @@ async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_the_drain() 
     assert!(held["remainingMs"].as_u64().is_some_and(|ms| ms <= 3000), "{held}");
     assert!(sidecar.view("bounded").await["remainingMs"].as_u64().is_some_and(|ms| ms <= 3000));
 
-    // Every version of the Lease from here on: the drain may pass quickly once a's holder
-    // acknowledges it, before anything below looks.
+    // Every version of the Lease from here on: the hold may end in milliseconds.
     let mut watch = LeaseWatch::start(env.leases(), LOCK, WAIT).await;
     let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
     let returned = Instant::now();
@@ -283,23 +282,59 @@ async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_the_drain() 
     let reason = hold_a.lost().await.expect("lost");
     assert!(reason == LostReason::MaxHold || reason == LostReason::Revoked("MaxHold".into()), "lost because: {reason}");
 
-    // The app keeps its lost hold (it does not let go), but its holder self-fenced at the
-    // max hold, so nothing it was told outlasts that: it acknowledges the drain (or the
-    // drain times out). Either way b is granted only after a's max hold — which ran from
-    // a's confirmation, sent after the grant.
-    let drained = watch.draining(token_a).await;
-    assert_eq!(revoked_for(&drained), Some("MaxHold"));
-    let hold_b = waiting_b.await.expect("join").expect("b is granted after the drain");
+    // Two ends race, both at the max hold: the controller drains the hold, or a's holder,
+    // self-fenced, gives the lock back first. Either way b is granted only after a's max
+    // hold, which ran from a's confirmation, sent after the grant.
+    let ended = watch
+        .until("a's hold ended", |l| {
+            let given_back = edit::holder(l).is_none() && token::of_lease(l) == Some(token_a);
+            edit::draining(l) == Some(Some(token_a)) || given_back
+        })
+        .await;
+    if edit::draining(&ended).is_some() {
+        assert_eq!(revoked_for(&ended), Some("MaxHold"));
+    }
+    let hold_b = waiting_b.await.expect("join").expect("b is granted after a's max hold");
     let granted_at = acquire_time(&env.leases().get(LOCK).await.expect("the lock Lease"));
-    let granted_a = acquire_time(&drained);
+    let granted_a = acquire_time(&ended);
     assert!(
         granted_at.duration_since(granted_a) >= seconds(3),
         "b was granted {:?} after a's grant, within a's max hold (3 s)",
         granted_at.duration_since(granted_a)
     );
+    drop(hold_a);
+    hold_b.release().await;
+}
+
+#[tokio::test]
+async fn a_holder_past_its_max_hold_is_drained_and_the_next_grant_waits_for_its_lease_duration() {
+    let env = Env::new("drain-maxhold-stuck").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, DistributedLockSpec { max_hold_seconds: Some(3), ..timing(6, 4, 1) }).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+
+    // a confirms its grant once and then neither renews nor gives anything back, as a
+    // holder frozen since: only the controller can end the hold, at the max hold.
+    let mut watch = LeaseWatch::start(env.leases(), LOCK, WAIT).await;
+    let manual = ManualClaimant::claim(&a, env.name(), LOCK).await;
+    let (token_a, last_renewal) = manual.confirm(LOCK).await;
+    let claimant_b = b.claimant(env.name());
+    let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(60)).await });
+    queued(&env, 1).await;
+
+    let drained = watch.draining(token_a).await;
+    assert_eq!(revoked_for(&drained), Some("MaxHold"));
+    assert!(token::of_lease(&drained).expect("a token") > token_a, "the token rose with the revocation");
+    let hold_b = waiting_b.await.expect("join").expect("b is granted once the drain times out");
+    let granted_at = acquire_time(&env.leases().get(LOCK).await.expect("the lock Lease"));
+    assert!(
+        granted_at.duration_since(last_renewal) >= seconds(6),
+        "b was granted {:?} after a's last renewal, within a's lease duration (6 s)",
+        granted_at.duration_since(last_renewal)
+    );
     env.event("MaxHold", WAIT).await;
     env.event("Drained", WAIT).await;
-    drop(hold_a);
     hold_b.release().await;
 }
 
