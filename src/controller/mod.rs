@@ -31,6 +31,7 @@ pub mod reconcile;
 pub mod record;
 pub mod recreate;
 pub mod requests;
+pub mod serve;
 pub mod status;
 pub mod view;
 

@@ -8,6 +8,7 @@ pub mod election;
 pub mod granted;
 pub mod identity;
 pub mod revoke;
+pub mod slot;
 pub mod timing;
 pub mod token;
 
