@@ -50,7 +50,7 @@ pub struct Served {
 /// fairness, and the waiters' modes in claim order.
 pub fn serve(slots: &[Slot], permits: usize, fairness: Fairness, queue: &[Mode]) -> Vec<Served> {
     let mut taken: Vec<bool> = slots.iter().map(|s| *s != Slot::Free).collect();
-    if slots.iter().any(|s| *s == Slot::Held(Mode::Exclusive)) {
+    if slots.contains(&Slot::Held(Mode::Exclusive)) {
         return Vec::new();
     }
     let grantable = permits.min(slots.len());
