@@ -53,6 +53,9 @@ pub const ANNOTATION_MAX_HOLD: &str = "leasehold.dev/max-hold-seconds";
 /// revoked token. `holderIdentity` keeps naming the revoked holder until it acknowledges
 /// (clears it) or the drain times out; nobody else is granted meanwhile.
 pub const ANNOTATION_DRAINING: &str = "leasehold.dev/draining";
+/// On a lock's slot 0 Lease: the lock's permits, when more than one (claimants watch that
+/// many slot Leases). Written only by the controller.
+pub const ANNOTATION_PERMITS: &str = "leasehold.dev/permits";
 /// Finalizer the controller puts on every DistributedLock: on deletion, the current hold is
 /// drained and the lock Lease deleted before the lock goes.
 pub const FINALIZER: &str = "leasehold.dev/lease";
@@ -93,6 +96,9 @@ pub mod defaults {
     pub const MAX_LISTED_WAITERS: usize = 10;
 }
 
+fn default_permits() -> i32 {
+    1
+}
 fn default_lease_duration() -> i32 {
     defaults::LEASE_DURATION_SECONDS
 }
@@ -118,6 +124,7 @@ fn default_retry_period() -> i32 {
     doc = "A fair, fenced distributed lock granted by the Leasehold controller.",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity"),
+    printcolumn(name = "Holders", type_ = "string", json_path = ".status.heldPermits"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
     printcolumn(name = "Waiters", type_ = "integer", json_path = ".status.queueLength"),
     printcolumn(name = "Held", type_ = "date", json_path = ".status.holder.acquiredAt"),
@@ -134,6 +141,13 @@ fn default_retry_period() -> i32 {
     .field_path(".renewDeadlineSeconds"))]
 #[serde(rename_all = "camelCase")]
 pub struct DistributedLockSpec {
+    /// How many may hold the lock at once (a semaphore's permits; 1: a mutex). Each
+    /// permit is a slot with a Lease of its own; tokens increase across the whole lock.
+    /// Lowering it never revokes a hold: holds above the new number run their course, and
+    /// nobody is granted until fewer than the new number hold.
+    #[serde(default = "default_permits")]
+    #[schemars(range(min = 1, max = 64))]
+    pub permits: i32,
     /// How long a hold lasts without renewal before the controller may expire it.
     #[serde(default = "default_lease_duration")]
     #[schemars(range(min = 3, max = 3600))]
@@ -166,6 +180,7 @@ pub struct DistributedLockSpec {
 impl Default for DistributedLockSpec {
     fn default() -> Self {
         DistributedLockSpec {
+            permits: 1,
             lease_duration_seconds: defaults::LEASE_DURATION_SECONDS,
             renew_deadline_seconds: defaults::RENEW_DEADLINE_SECONDS,
             retry_period_seconds: defaults::RETRY_PERIOD_SECONDS,
@@ -192,9 +207,16 @@ pub enum Fairness {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DistributedLockStatus {
-    /// The current holder, absent when the lock is free.
+    /// The current holder (of a lock with more permits, the one on the lowest slot),
+    /// absent when the lock is free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<HolderStatus>,
+    /// Every current holder, by slot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<HolderStatus>,
+    /// Permits held, of the lock's permits: `n/N`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_permits: Option<String>,
     /// The highest fencing token ever issued or reserved for this lock. Never decreases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= oldSelf").message("status.fencingToken must never decrease"))]
@@ -236,6 +258,9 @@ pub struct DistributedLockStatus {
 pub struct HolderStatus {
     /// Claimant identity: `<pod>_<pod-uid>` for pods.
     pub identity: String,
+    /// The permit slot held: its Lease is `<lock>` for slot 0, `<lock>.<slot>` else.
+    #[serde(default)]
+    pub slot: i32,
     /// The holder's Pod, when it runs in one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,

@@ -108,11 +108,16 @@ async fn three_claimants_are_granted_in_claim_order_with_increasing_tokens() {
 
     let table = kubectl_get_dlock(&env).await;
     let header: Vec<&str> = table.lines().next().expect("a header").split_whitespace().collect();
-    assert_eq!(header, ["NAME", "READY", "HOLDER", "TOKEN", "WAITERS", "HELD", "LAST-WAIT", "AGE"], "{table}");
+    assert_eq!(
+        header,
+        ["NAME", "READY", "HOLDER", "HOLDERS", "TOKEN", "WAITERS", "HELD", "LAST-WAIT", "AGE"],
+        "{table}"
+    );
     let row = table.lines().nth(1).expect("a row");
     assert!(row.contains(&a.identity().id) && row.contains(&hold_a.token().to_string()), "{table}");
     assert_eq!(row.split_whitespace().nth(1), Some("True"), "READY column: {table}");
-    assert_eq!(row.split_whitespace().nth(4), Some("2"), "WAITERS column: {table}");
+    assert_eq!(row.split_whitespace().nth(3), Some("1/1"), "HOLDERS column: {table}");
+    assert_eq!(row.split_whitespace().nth(5), Some("2"), "WAITERS column: {table}");
 
     let tokens = [hold_a.token()];
     assert!(hold_a.release().await.was_held);

@@ -31,8 +31,8 @@ pub struct Target<'a> {
     pub key: &'a LockKey,
     /// Lock Leases of its namespace.
     pub store: &'a LeaseStore,
-    /// The lock Lease the plan was made from (`None`: the lock has none of its own).
-    pub lease: Option<&'a Lease>,
+    /// The slot Leases the plan was made from (none: the lock has none of its own).
+    pub leases: &'a [(u32, Lease)],
     /// When the plan's observation was made.
     pub observed: Instant,
 }
@@ -54,19 +54,24 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let uid = lock.uid().unwrap_or_default();
-    match (&plan.lease, t.lease) {
-        (LeaseWrite::Keep, _) => {}
-        (LeaseWrite::Replace(desired), current @ Some(_)) => {
-            lock_lease::write(ctx, key, &uid, t.store, current, desired).await?;
-            record::lease_written(ctx, lock, key, &plan, t.observed);
+    for write in &plan.leases {
+        let current = t.leases.iter().find(|(slot, _)| *slot == write.slot).map(|(_, l)| l);
+        let current = current.expect("a plan writes only the slot Leases it was made from");
+        match &write.write {
+            LeaseWrite::Keep => continue,
+            LeaseWrite::Replace(desired) => {
+                lock_lease::write(ctx, key, &uid, write.slot, t.store, Some(current), desired).await?;
+            }
+            LeaseWrite::Delete => {
+                t.store.delete(&current.name_any(), current.resource_version().as_deref()).await?;
+                ctx.with_memory(key, &uid, |m| m.slots.remove(&write.slot));
+            }
         }
-        (LeaseWrite::Delete, Some(current)) => {
-            t.store.delete(&key.name, current.resource_version().as_deref()).await?;
-            record::lease_written(ctx, lock, key, &plan, t.observed);
-            finalize::finish(ctx, lock, key).await?;
-            return Ok(Action::await_change());
-        }
-        (_, None) => unreachable!("a plan without a Lease writes none"),
+        record::lease_written(ctx, lock, key, &plan, write.slot, t.observed);
+    }
+    if plan.finish {
+        finalize::finish(ctx, lock, key).await?;
+        return Ok(Action::await_change());
     }
     let claim_store = CasStore::<LockClaim>::new(ctx.client.clone(), &key.namespace, MANAGER_CONTROLLER);
     for revoked in &plan.revocations {
@@ -81,8 +86,10 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
     let (history, requests) = write_requests(t, &plan.requests).await;
     claims::delete_stale(&claim_store, key, &plan.stale).await;
     if plan.track_holder {
-        let pod = plan.status.as_ref().and_then(|s| s.hold.as_ref()).and_then(|h| h.identity.pod.as_ref());
-        ctx.record_holder(key, pod.map(|p| p.name.as_str()));
+        let holds = plan.status.as_ref().map(|s| s.holds.as_slice()).unwrap_or_default();
+        let pods: Vec<&str> =
+            holds.iter().filter_map(|h| h.hold.identity.pod.as_ref()).map(|p| p.name.as_str()).collect();
+        ctx.record_holder(key, &pods);
     }
     if let Some((reason, message)) = &plan.announce {
         record::announce(ctx, lock, key, reason, message);
@@ -143,12 +150,12 @@ async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleas
         previous: &previous,
         generation: lock.metadata.generation,
         now: Timestamp::now(),
-        timing: plan.timing,
-        hold: plan.hold.as_ref(),
+        holds: &plan.holds,
+        permits: plan.permits,
         token: plan.token,
         waiters: &waiters,
         outcome: &outcome,
-        draining: plan.draining.as_ref(),
+        draining: &plan.draining,
         ready: &plan.ready,
         approvals: i32::try_from(plan.approvals).unwrap_or(i32::MAX),
     });
@@ -165,7 +172,7 @@ async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleas
     api.patch_status(&key.name, &PatchParams::apply(MANAGER_CONTROLLER).force(), &Patch::Apply(patch))
         .await
         .map_err(|source| Error::Status { namespace: key.namespace.clone(), name: key.name.clone(), source })?;
-    record::status_written(ctx, lock, &previous, &desired);
+    record::status_written(ctx, lock, &previous, &desired, &outcome);
     ctx.with_memory(key, &uid, |m| {
         m.status = Some(desired);
         m.pending = None;

@@ -7,8 +7,8 @@ use kube::{Resource, ResourceExt};
 
 use super::view::Claim;
 use crate::crd::{
-    ANNOTATION_CLAIM, ANNOTATION_DRAINING, ANNOTATION_REVOKED, ANNOTATION_TOKEN, DistributedLock, LABEL_LOCK,
-    LABEL_ROLE, MANAGED_LABELS, ROLE_LOCK,
+    ANNOTATION_CLAIM, ANNOTATION_DRAINING, ANNOTATION_PERMITS, ANNOTATION_REVOKED, ANNOTATION_TOKEN, DistributedLock,
+    LABEL_LOCK, LABEL_ROLE, MANAGED_LABELS, ROLE_LOCK,
 };
 use crate::lease::{GrantedTiming, granted};
 
@@ -23,11 +23,12 @@ fn owner(lock: &DistributedLock) -> OwnerReference {
     }
 }
 
-/// A new, free lock Lease recording `token` as the highest token so far.
-pub fn new_lock_lease(lock: &DistributedLock, token: i64) -> Lease {
+/// A new, free Lease of slot `slot` of `lock`, recording `token` as the highest token so
+/// far (slot 0 also the lock's permits).
+pub fn new_lock_lease(lock: &DistributedLock, slot: u32, token: i64) -> Lease {
     let mut lease = Lease {
         metadata: ObjectMeta {
-            name: Some(lock.name_any()),
+            name: Some(crate::lease::slot::lease_name(&lock.name_any(), slot)),
             namespace: lock.namespace(),
             labels: Some(
                 [(LABEL_LOCK, lock.name_any().as_str()), (LABEL_ROLE, ROLE_LOCK)]
@@ -42,7 +43,20 @@ pub fn new_lock_lease(lock: &DistributedLock, token: i64) -> Lease {
         spec: Some(LeaseSpec::default()),
     };
     set_token(&mut lease, token);
+    if slot == 0 {
+        set_permits(&mut lease, super::plan::permits(lock));
+    }
     lease
+}
+
+/// Records the lock's permits on its slot 0 Lease, where claimants learn which slot
+/// Leases to watch (none recorded: one).
+pub fn set_permits(lease: &mut Lease, permits: u32) {
+    if permits > 1 {
+        lease.annotations_mut().insert(ANNOTATION_PERMITS.into(), permits.to_string());
+    } else {
+        lease.annotations_mut().remove(ANNOTATION_PERMITS);
+    }
 }
 
 /// A Lease left by an earlier DistributedLock of the same name, taken over: owned by
@@ -176,7 +190,7 @@ mod tests {
     #[test]
     fn grant_cycle() {
         let now = Timestamp::from_second(100).expect("valid");
-        let fresh = new_lock_lease(&lock(), 41);
+        let fresh = new_lock_lease(&lock(), 0, 41);
         assert_eq!(view::ownership(&fresh, "orders", "uid-1"), Ownership::Ours);
         assert_eq!(token::of_lease(&fresh), Some(41));
         assert_eq!(view::lease_state(&fresh), LeaseState::Free);
@@ -207,7 +221,7 @@ mod tests {
     #[test]
     fn drain_cycle() {
         let now = Timestamp::from_second(100).expect("valid");
-        let g = edit::renewed(&granted(&new_lock_lease(&lock(), 41), &claim("u-w-1"), 42, &terms(), now, None), now);
+        let g = edit::renewed(&granted(&new_lock_lease(&lock(), 0, 41), &claim("u-w-1"), 42, &terms(), now, None), now);
         let d = draining(&g, 43, "Forced", Some(42));
         // The token is raised at once; the holder stays named; nothing else changes.
         assert_eq!(token::of_lease(&d), Some(43));
@@ -236,14 +250,14 @@ mod tests {
 
     #[test]
     fn the_token_annotation_never_decreases() {
-        let lease = new_lock_lease(&lock(), 50);
+        let lease = new_lock_lease(&lock(), 0, 50);
         assert_eq!(token::of_lease(&revoked(&lease, 10, "Expired")), Some(50));
         assert_eq!(token::of_lease(&draining(&lease, 10, "Forced", Some(9))), Some(50));
     }
 
     #[test]
     fn adoption_changes_only_the_owner() {
-        let mut old = new_lock_lease(&lock(), 77);
+        let mut old = new_lock_lease(&lock(), 0, 77);
         old.metadata.owner_references.as_mut().expect("owned")[0].uid = "uid-0".into();
         let g = granted(&old, &claim("u-w-1"), 78, &terms(), Timestamp::UNIX_EPOCH, None);
         assert_eq!(view::ownership(&g, "orders", "uid-1"), Ownership::PreviousIncarnation);

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::context::LockMemory;
+use super::context::SlotMemory;
 use super::view::{LeaseDrain, LeaseHold};
 use crate::lease::clock::Sighting;
 
 /// How long the granted hold `hold` has gone without a renewal we saw, and how old it is.
-pub fn of_hold(memory: &mut LockMemory, hold: &LeaseHold, now: Instant) -> (Duration, Duration) {
+pub fn of_hold(memory: &mut SlotMemory, hold: &LeaseHold, now: Instant) -> (Duration, Duration) {
     let renewal = (hold.identity.id.clone(), hold.token, hold.renew_time.clone());
     let unchanged = now - Sighting::observe(&mut memory.holder, renewal, now);
     let age = now - Sighting::observe(&mut memory.hold, (hold.identity.id.clone(), hold.token), now);
@@ -17,19 +17,19 @@ pub fn of_hold(memory: &mut LockMemory, hold: &LeaseHold, now: Instant) -> (Dura
 }
 
 /// How long since the last renewal seen before the revocation that `drain` drains.
-pub fn of_drain(memory: &mut LockMemory, drain: &LeaseDrain, now: Instant) -> Duration {
+pub fn of_drain(memory: &mut SlotMemory, drain: &LeaseDrain, now: Instant) -> Duration {
     now - Sighting::observe(&mut memory.drain, drain.revoked, now)
 }
 
 /// Records, before the revocation is written, that the drain of `revoked` counts from the
 /// last renewal seen, `last_renewal` (renewals after the revocation do not count: a
 /// revocation that raced one fails its compare-and-swap and is decided again).
-pub fn drain_started(memory: &mut LockMemory, revoked: Option<i64>, last_renewal: Instant) {
+pub fn drain_started(memory: &mut SlotMemory, revoked: Option<i64>, last_renewal: Instant) {
     memory.drain = Some(Sighting { key: revoked, since: last_renewal });
 }
 
 /// Records a grant we made, once its write returned: the hold's age counts from then.
-pub fn granted(memory: &mut LockMemory, holder: &str, token: i64, written_at: Instant) {
+pub fn granted(memory: &mut SlotMemory, holder: &str, token: i64, written_at: Instant) {
     memory.hold = Some(Sighting { key: (holder.to_owned(), Some(token)), since: written_at });
 }
 
@@ -55,7 +55,7 @@ mod tests {
     #[test]
     fn a_hold_ages_from_our_grant_and_renewals_restart_only_the_renewal_clock() {
         let t0 = Instant::now();
-        let mut m = LockMemory::default();
+        let mut m = SlotMemory::default();
         granted(&mut m, "w", 7, t0);
         assert_eq!(of_hold(&mut m, &hold(7, 1), t0 + 2 * S), (Duration::ZERO, 2 * S));
         assert_eq!(of_hold(&mut m, &hold(7, 1), t0 + 5 * S), (3 * S, 5 * S));
@@ -67,7 +67,7 @@ mod tests {
     #[test]
     fn a_fresh_term_starts_every_clock_at_first_sighting() {
         let t0 = Instant::now();
-        let mut m = LockMemory::default();
+        let mut m = SlotMemory::default();
         assert_eq!(of_hold(&mut m, &hold(7, 1), t0), (Duration::ZERO, Duration::ZERO));
         let drain = LeaseDrain { holder: Some(Identity::parse("w")), revoked: Some(7), reason: None };
         assert_eq!(of_drain(&mut m, &drain, t0 + S), Duration::ZERO);
@@ -77,7 +77,7 @@ mod tests {
     #[test]
     fn a_drain_counts_from_the_last_renewal_seen_before_the_revocation() {
         let t0 = Instant::now();
-        let mut m = LockMemory::default();
+        let mut m = SlotMemory::default();
         // The last renewal was seen at t0; revoked 4 s later.
         let (unchanged, _) = of_hold(&mut m, &hold(7, 1), t0 + 4 * S);
         assert_eq!(unchanged, Duration::ZERO, "first sighting");

@@ -67,11 +67,9 @@ pub type HolderKey = (String, Option<i64>, Option<MicroTime>);
 /// What identifies one hold (whatever its renewals): holder and token.
 pub type HoldKey = (String, Option<i64>);
 
-/// The controller's memory of one lock, valid for one leadership term.
+/// The controller's memory of one slot Lease of a lock, valid for one leadership term.
 #[derive(Default)]
-pub struct LockMemory {
-    /// The DistributedLock's UID (memory of an earlier incarnation is dropped).
-    pub uid: String,
+pub struct SlotMemory {
     /// Since when the current hold's renewal record has been unchanged.
     pub holder: Option<Sighting<HolderKey>>,
     /// Since when the current hold has existed: our grant, or our first sighting of it.
@@ -79,6 +77,22 @@ pub struct LockMemory {
     /// For the drain of the revoked token in `key`: since the last renewal seen before the
     /// revocation (or our first sighting of the drain).
     pub drain: Option<Sighting<Option<i64>>>,
+    /// The slot Lease as last written by us, with the resourceVersion it replaced: used
+    /// instead of the cache while the cache still shows that older version.
+    pub written: Option<(Option<String>, Lease)>,
+    /// The UID of the claim the latest hold on this slot was granted on: a claim is served
+    /// once.
+    pub served: Option<String>,
+    /// The slot Lease as last decided from or written in this term: if it is deleted, the
+    /// hold it carried is drained on the re-created one.
+    pub seen: Option<Lease>,
+}
+
+/// The controller's memory of one lock, valid for one leadership term.
+#[derive(Default)]
+pub struct LockMemory {
+    /// The DistributedLock's UID (memory of an earlier incarnation is dropped).
+    pub uid: String,
     /// What a reconcile did that status does not show yet (its status write failed):
     /// applied with the next status write, so nothing is lost or counted twice.
     pub pending: Option<super::status::Outcome>,
@@ -86,14 +100,15 @@ pub struct LockMemory {
     pub claims: HashMap<String, Sighting<Option<MicroTime>>>,
     /// The status last applied.
     pub status: Option<DistributedLockStatus>,
-    /// The lock Lease as last written by us, with the resourceVersion it replaced: used
-    /// instead of the cache while the cache still shows that older version.
-    pub written: Option<(Option<String>, Lease)>,
-    /// The UID of the claim the latest hold was granted on: a claim is served once.
-    pub served: Option<String>,
-    /// The lock Lease as last decided from or written in this term: if it is deleted,
-    /// the hold it carried is drained on the re-created one.
-    pub seen: Option<Lease>,
+    /// Per slot.
+    pub slots: std::collections::BTreeMap<u32, SlotMemory>,
+}
+
+impl LockMemory {
+    /// The memory of slot `slot`.
+    pub fn slot(&mut self, slot: u32) -> &mut SlotMemory {
+        self.slots.entry(slot).or_default()
+    }
 }
 
 /// Shared by all reconciles.
@@ -162,22 +177,22 @@ impl Context {
     }
 
     /// Records which Pod holds `key` (or none).
-    pub fn record_holder(&self, key: &LockKey, pod: Option<&str>) {
-        self.holders.lock().expect("holder index is never poisoned").set(key, pod);
+    pub fn record_holder(&self, key: &LockKey, pods: &[&str]) {
+        self.holders.lock().expect("holder index is never poisoned").set(key, pods);
     }
 }
 
 /// Holder Pods and their locks, both ways.
 #[derive(Default)]
 pub struct HolderIndex {
-    by_lock: HashMap<LockKey, String>,
+    by_lock: HashMap<LockKey, Vec<String>>,
     by_pod: HashMap<(String, String), HashSet<String>>,
 }
 
 impl HolderIndex {
-    /// Records that `pod` (or nobody) holds `lock`.
-    pub fn set(&mut self, lock: &LockKey, pod: Option<&str>) {
-        if let Some(old) = self.by_lock.remove(lock) {
+    /// Records that `pods` (none: nobody) hold `lock`.
+    pub fn set(&mut self, lock: &LockKey, pods: &[&str]) {
+        for old in self.by_lock.remove(lock).unwrap_or_default() {
             let pod_key = (lock.namespace.clone(), old);
             if let Some(locks) = self.by_pod.get_mut(&pod_key) {
                 locks.remove(&lock.name);
@@ -186,10 +201,13 @@ impl HolderIndex {
                 }
             }
         }
-        if let Some(pod) = pod {
-            self.by_lock.insert(lock.clone(), pod.to_owned());
-            self.by_pod.entry((lock.namespace.clone(), pod.to_owned())).or_default().insert(lock.name.clone());
+        if pods.is_empty() {
+            return;
         }
+        for pod in pods {
+            self.by_pod.entry((lock.namespace.clone(), (*pod).to_owned())).or_default().insert(lock.name.clone());
+        }
+        self.by_lock.insert(lock.clone(), pods.iter().map(|p| (*p).to_owned()).collect());
     }
 
     /// The locks held by Pod `name` in `namespace`.
@@ -209,14 +227,22 @@ mod tests {
     fn holder_index_tracks_moves() {
         let mut index = HolderIndex::default();
         let (a, b) = (LockKey::new("ns", "a"), LockKey::new("ns", "b"));
-        index.set(&a, Some("p1"));
-        index.set(&b, Some("p1"));
+        index.set(&a, &["p1"]);
+        index.set(&b, &["p1"]);
         assert_eq!(index.locks_of("ns", "p1").len(), 2);
-        index.set(&a, Some("p2"));
+        index.set(&a, &["p2"]);
         assert_eq!(index.locks_of("ns", "p1"), vec!["b".to_owned()]);
         assert_eq!(index.locks_of("ns", "p2"), vec!["a".to_owned()]);
-        index.set(&b, None);
+        index.set(&b, &[]);
         assert!(index.locks_of("ns", "p1").is_empty());
         assert!(index.locks_of("other", "p2").is_empty());
+        // A lock with several permits is held by several Pods.
+        index.set(&b, &["p1", "p3"]);
+        assert_eq!(
+            (index.locks_of("ns", "p1"), index.locks_of("ns", "p3")),
+            (vec!["b".to_owned()], vec!["b".to_owned()])
+        );
+        index.set(&b, &["p3"]);
+        assert!(index.locks_of("ns", "p1").is_empty());
     }
 }

@@ -22,30 +22,42 @@ pub fn choose(cached: Option<Lease>, written: Option<(Option<String>, Lease)>) -
     }
 }
 
-/// The lock Lease as best known (see [`choose`]); a direct read when `fresh` is asked.
+/// Slot `slot`'s Lease as best known (see [`choose`]); a direct read when `fresh` is
+/// asked.
 pub async fn current(
     ctx: &Context,
     uid: &str,
     key: &LockKey,
+    slot: u32,
     store: &LeaseStore,
     fresh: bool,
 ) -> Result<Option<Lease>, Error> {
+    let name = crate::lease::slot::lease_name(&key.name, slot);
     if fresh {
-        return Ok(store.get(&key.name).await?);
+        return Ok(store.get(&name).await?);
     }
-    let cached = ctx.leases.get(&ObjectRef::new(&key.name).within(&key.namespace)).map(|l| (*l).clone());
-    let written = ctx.with_memory(key, uid, |m| m.written.clone());
-    match choose(cached, written) {
+    match cached(ctx, uid, key, slot) {
         Some(lease) => Ok(Some(lease)),
-        None => Ok(store.get(&key.name).await?),
+        None => Ok(store.get(&name).await?),
     }
 }
 
-/// Writes `desired` over `current` by CAS (or creates it) and remembers the result.
+/// Slot `slot`'s Lease as the cache (or our write it has not caught up with) shows it,
+/// without asking the apiserver.
+pub fn cached(ctx: &Context, uid: &str, key: &LockKey, slot: u32) -> Option<Lease> {
+    let name = crate::lease::slot::lease_name(&key.name, slot);
+    let cached = ctx.leases.get(&ObjectRef::new(&name).within(&key.namespace)).map(|l| (*l).clone());
+    let written = ctx.with_memory(key, uid, |m| m.slots.get(&slot).and_then(|s| s.written.clone()));
+    choose(cached, written)
+}
+
+/// Writes `desired` over `current` (slot `slot`'s Lease) by CAS (or creates it) and
+/// remembers the result.
 pub async fn write(
     ctx: &Context,
     key: &LockKey,
     uid: &str,
+    slot: u32,
     store: &LeaseStore,
     current: Option<&Lease>,
     desired: &Lease,
@@ -56,8 +68,9 @@ pub async fn write(
     };
     let replaced = current.and_then(|c| c.resource_version());
     ctx.with_memory(key, uid, |m| {
-        m.written = Some((replaced, written.clone()));
-        m.seen = Some(written.clone());
+        let s = m.slot(slot);
+        s.written = Some((replaced, written.clone()));
+        s.seen = Some(written.clone());
     });
     Ok(written)
 }

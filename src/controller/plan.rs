@@ -10,9 +10,10 @@
 //! revocations, drains) that metrics, Events and the controller's memory record once the
 //! writes succeed. [`super::apply`] makes the writes and [`super::record`] records.
 //!
-//! The lock is one permit today: at most one holder. The queue, the grant and the facts
-//! are written for holders in the plural so that a lock with more permits is more rows of
-//! the same table, not another function.
+//! A lock has `spec.permits` slots, each a Lease of its own (a mutex has one). Each slot is
+//! decided as a mutex's Lease is; who is served on which free slot is [`super::serve`]'s,
+//! in claim order; tokens are minted from one counter for the whole lock, slot after slot,
+//! so they increase across the lock and so within every slot.
 
 mod settle;
 mod setup;
@@ -24,14 +25,16 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::build;
 use super::decide::{self, Blocked, Current, Decision, DrainState, HolderState, Tokens};
 use super::force::{self, Target};
 use super::requests::HoldView;
-use super::status::{Granted, Outcome, Ready};
+use super::status::{Granted, Outcome, Ready, SlotHold};
 use super::view::{self, Claim, LeaseDrain, LeaseHold, LeaseState};
-use crate::crd::{DistributedLock, DistributedLockStatus, ForceRelease, ForceReleaseEntry, ForceReleaseRequest};
-use crate::lease::{GrantedTiming, Identity, RevokeReason, Timing, granted, token};
+use super::{build, serve};
+use crate::crd::{
+    ANNOTATION_PERMITS, DistributedLock, DistributedLockStatus, ForceRelease, ForceReleaseEntry, ForceReleaseRequest,
+};
+use crate::lease::{GrantedTiming, Identity, RevokeReason, granted, token};
 
 pub use settle::{Judgement, RequestUpdate};
 pub use setup::{Setup, setup};
@@ -64,23 +67,33 @@ pub struct HoldClock {
     pub pod_gone: bool,
 }
 
+/// One slot Lease, as observed.
+#[derive(Clone, Debug)]
+pub struct SlotView<'a> {
+    /// Its slot.
+    pub slot: u32,
+    /// The Lease (ours).
+    pub lease: &'a Lease,
+    /// The granted hold's clocks (when the Lease is held).
+    pub hold: Option<HoldClock>,
+    /// Since the drained hold's last renewal before its revocation (when draining).
+    pub drain_since_renewal: Option<Duration>,
+}
+
 /// Everything one reconcile decides from.
 #[derive(Clone, Debug)]
 pub struct Observation<'a> {
     /// The lock.
     pub lock: &'a DistributedLock,
-    /// Its Lease (ours).
-    pub lease: &'a Lease,
+    /// Its slot Leases (ours), slot 0 first: one per permit, and any above the permits
+    /// still in use after the lock shrank.
+    pub slots: Vec<SlotView<'a>>,
     /// The well-formed claims on it, in grant order.
     pub claims: Vec<Waiting>,
-    /// The UID of the claim the latest hold was granted on: a claim is served once, so
-    /// this one is never granted again (its claimant withdraws it before it releases; our
-    /// cache may still show it after the release).
-    pub spent: Option<String>,
-    /// The granted hold's clocks (when the Lease is held).
-    pub hold: Option<HoldClock>,
-    /// Since the drained hold's last renewal before its revocation (when draining).
-    pub drain_since_renewal: Option<Duration>,
+    /// The UIDs of the claims the current holds were granted on: a claim is served once,
+    /// so these are never granted again (a claimant withdraws its claim before it
+    /// releases; our cache may still show it after the release).
+    pub spent: Vec<String>,
     /// The lock's ForceReleaseRequests, oldest first.
     pub requests: Vec<Arc<ForceReleaseRequest>>,
     /// The request the lock records as carried out, with the token it revoked.
@@ -89,7 +102,7 @@ pub struct Observation<'a> {
     pub required: u32,
     /// The highest token recorded in status or issued by this process.
     pub known: i64,
-    /// The tokens known, the Lease's included, judged against the mintable ceiling.
+    /// The tokens known, every slot Lease's included, judged against the mintable ceiling.
     pub tokens: Tokens,
     /// Revoke grants not confirmed within this.
     pub confirm_timeout: Duration,
@@ -104,9 +117,18 @@ pub enum LeaseWrite {
     Keep,
     /// Replace the Lease by compare-and-swap with this.
     Replace(Box<Lease>),
-    /// Delete it (the lock is going and nobody can believe they hold it), then let the
-    /// lock go.
+    /// Delete it: the lock is going, or shrank below this slot, and nobody can believe
+    /// they hold it.
     Delete,
+}
+
+/// A slot Lease's write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotWrite {
+    /// The slot.
+    pub slot: u32,
+    /// The write.
+    pub write: LeaseWrite,
 }
 
 /// A write made before anything else, after which the lock is looked at again.
@@ -133,6 +155,8 @@ pub struct Refusal {
 /// A grant.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Grant {
+    /// The slot granted.
+    pub slot: u32,
     /// The claim served.
     pub claim: Claim,
     /// Its token.
@@ -146,6 +170,8 @@ pub struct Grant {
 /// A revocation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Revoked {
+    /// The slot of the revoked hold.
+    pub slot: u32,
     /// Why.
     pub reason: RevokeReason,
     /// The revoked hold's token, if it had one.
@@ -166,6 +192,8 @@ pub struct Revoked {
 /// A drain that ends with this plan's write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Drained {
+    /// The slot drained.
+    pub slot: u32,
     /// The drained token.
     pub token: Option<i64>,
     /// Its holder let go (else the drain timed out).
@@ -175,22 +203,22 @@ pub struct Drained {
 /// What status is computed from once the writes are made.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StatusPlan {
-    /// The hold after the writes.
-    pub hold: Option<LeaseHold>,
-    /// The drain after the writes.
-    pub draining: Option<LeaseDrain>,
+    /// The holds after the writes, by slot.
+    pub holds: Vec<SlotHold>,
+    /// The drains after the writes, by slot.
+    pub draining: Vec<(u32, LeaseDrain)>,
     /// Live waiters, in grant order.
     pub waiters: Vec<Claim>,
     /// Whether the lock can be granted.
     pub ready: Ready,
-    /// The timing the hold was granted under.
-    pub timing: Timing,
     /// The highest token issued.
     pub token: i64,
     /// What the writes do, for status (request history is added as those writes land).
     pub outcome: Outcome,
     /// How many approvals a force release needs.
     pub approvals: u32,
+    /// The lock's permits.
+    pub permits: u32,
 }
 
 /// Everything one reconcile writes and records.
@@ -198,8 +226,10 @@ pub struct StatusPlan {
 pub struct Plan {
     /// A write before anything else; the rest of the plan is then empty.
     pub first: Option<First>,
-    /// The Lease write.
-    pub lease: LeaseWrite,
+    /// The slot Lease writes, in slot order (slots not written are not listed).
+    pub leases: Vec<SlotWrite>,
+    /// The lock goes once these writes land: every slot Lease is deleted.
+    pub finish: bool,
     /// Grants this write makes.
     pub grants: Vec<Grant>,
     /// Revocations this write makes.
@@ -228,7 +258,8 @@ impl Plan {
     fn empty() -> Self {
         Plan {
             first: None,
-            lease: LeaseWrite::Keep,
+            leases: Vec::new(),
+            finish: false,
             grants: Vec::new(),
             revocations: Vec::new(),
             drained: Vec::new(),
@@ -254,14 +285,14 @@ pub fn not_ready(lock: &DistributedLock, known: i64, approvals: u32, ready: Read
     let announce = announcement(lock.status.as_ref(), &ready);
     Plan {
         status: Some(StatusPlan {
-            hold: None,
-            draining: None,
+            holds: Vec::new(),
+            draining: Vec::new(),
             waiters: Vec::new(),
             ready,
-            timing: Timing::of(&lock.spec),
             token: known,
             outcome: Outcome::default(),
             approvals,
+            permits: permits(lock),
         }),
         announce,
         recheck: Some(NOT_READY_RECHECK),
@@ -269,14 +300,14 @@ pub fn not_ready(lock: &DistributedLock, known: i64, approvals: u32, ready: Read
     }
 }
 
-/// The queue, split: live waiters in grant order, and stale claims to drop. The holder's
-/// own claim is neither; a claim that aged out, was already served, or whose claimant may
-/// not be served is stale.
-fn queue<'a>(o: &'a Observation, holder: Option<&Identity>) -> (Vec<&'a Waiting>, Vec<Claim>) {
+/// The queue, split: live waiters in grant order, and stale claims to drop. The holders'
+/// own claims are neither; a claim that aged out, was already served, or whose claimant
+/// may not be served is stale.
+fn queue<'a>(o: &'a Observation, holders: &[&Identity]) -> (Vec<&'a Waiting>, Vec<Claim>) {
     let mut live = Vec::new();
     let mut stale = Vec::new();
-    for w in o.claims.iter().filter(|w| Some(&w.claim.identity) != holder) {
-        let spent = o.spent.as_deref() == Some(w.claim.uid.as_str());
+    for w in o.claims.iter().filter(|w| !holders.contains(&&w.claim.identity)) {
+        let spent = o.spent.contains(&w.claim.uid);
         if spent || w.unchanged_for >= w.claim.ttl || w.serveable == Some(false) {
             stale.push(w.claim.clone());
         } else {
@@ -319,9 +350,20 @@ fn hold_view(state: &LeaseState) -> HoldView {
     }
 }
 
-/// The hold on the Lease as the decision sees it, with its clocks.
-fn current(o: &Observation, state: &LeaseState, force: Option<&force::Request>) -> Current {
-    match (state, o.hold, o.drain_since_renewal) {
+/// The slot a force release targeting `target` is about: the one holding or draining
+/// that token, else slot 0 (where a mutex's one hold is).
+fn target_slot(states: &[LeaseState], target: Option<i64>) -> usize {
+    let about = |state: &LeaseState, t: i64| match state {
+        LeaseState::Held(h) => h.token == Some(t),
+        LeaseState::Draining(d) => d.revoked == Some(t),
+        LeaseState::Free => false,
+    };
+    target.and_then(|t| states.iter().position(|s| about(s, t))).unwrap_or(0)
+}
+
+/// The hold on a slot Lease as the decision sees it, with its clocks.
+fn current(o: &Observation, slot: &SlotView, state: &LeaseState, force: Option<&force::Request>) -> Current {
+    match (state, slot.hold, slot.drain_since_renewal) {
         (LeaseState::Held(h), Some(clock), _) => Current::Held(HolderState {
             token: h.token,
             confirmed: h.confirmed,
@@ -339,7 +381,8 @@ fn current(o: &Observation, state: &LeaseState, force: Option<&force::Request>) 
 }
 
 /// A write the force-release annotation needs before anything else: refused where the
-/// policy needs approvals, stamped with its target while it names none.
+/// policy needs approvals, stamped with its target while it names none (the hold on the
+/// lowest slot held).
 fn first_write(o: &Observation, annotation: Option<&force::Request>, held: Option<&LeaseHold>) -> Option<First> {
     let request = annotation?;
     if o.required > 0 {
@@ -348,33 +391,44 @@ fn first_write(o: &Observation, annotation: Option<&force::Request>, held: Optio
     (request.target == Target::Unstamped).then(|| First::Stamp(force::target_of(held.and_then(|h| h.token))))
 }
 
-/// What is left to plan after a decision is carried out.
-enum Next {
-    /// Settle force releases and status around this Lease write (`None`: no write).
-    Settle(Option<Box<Lease>>),
-    /// Nothing: the plan is complete.
-    Done,
+/// What one slot's decision comes to.
+enum SlotPlan {
+    /// This write (`None`: none).
+    Write(Option<Box<Lease>>),
+    /// Delete the slot Lease.
+    Delete,
+    /// Nothing can be granted: the whole plan is the not-ready plan.
+    Blocked(Blocked),
 }
 
-/// Carries out `decision` into `plan`: the grants, revocations and drains it makes, and
-/// what is left to plan.
+/// One slot, as the plan goes through it.
+struct SlotCase<'o, 'a> {
+    view: &'o SlotView<'a>,
+    state: LeaseState,
+    current: Current,
+    terms: GrantedTiming,
+}
+
+/// Carries out `decision` on one slot into `plan`: the grants, revocations and drains it
+/// makes, and the slot's write.
 fn carry_out(
     o: &Observation,
+    case: &SlotCase,
     decision: &Decision,
-    current: &Current,
     head: Option<&Claim>,
     force: Option<&force::Request>,
     plan: &mut Plan,
-) -> Next {
+) -> SlotPlan {
+    let (slot, lease) = (case.view.slot, case.view.lease);
     let spec_terms = GrantedTiming::of_spec(&o.lock.spec);
-    let state = view::lease_state(o.lease);
-    let drained = match &state {
-        LeaseState::Draining(d) => Some(Drained { token: d.revoked, acknowledged: d.holder.is_none() }),
+    let drained = match &case.state {
+        LeaseState::Draining(d) => Some(Drained { slot, token: d.revoked, acknowledged: d.holder.is_none() }),
         _ => None,
     };
     let revoked = |revocation: &decide::Revocation, raised_to: i64, drain_from: Option<Duration>| {
-        let LeaseState::Held(h) = &state else { unreachable!("only a granted hold is revoked") };
+        let LeaseState::Held(h) = &case.state else { unreachable!("only a granted hold is revoked") };
         Revoked {
+            slot,
             reason: revocation.reason,
             token: revocation.token,
             raised_to,
@@ -384,30 +438,24 @@ fn carry_out(
             force: force.cloned().filter(|_| revocation.reason == RevokeReason::Forced),
         }
     };
-    let lease = match decision {
-        Decision::Blocked(blocked) => {
-            *plan = not_ready(o.lock, o.known, o.required, blocked_ready(blocked));
-            return Next::Done;
-        }
+    let written = match decision {
+        Decision::Blocked(blocked) => return SlotPlan::Blocked(blocked.clone()),
         Decision::DeleteLease => {
             plan.drained.extend(drained);
-            plan.lease = LeaseWrite::Delete;
-            plan.track_holder = false;
-            return Next::Done;
+            return SlotPlan::Delete;
         }
         Decision::Keep { recheck } => {
-            plan.recheck = *recheck;
+            plan.recheck = [plan.recheck, *recheck].into_iter().flatten().min();
             None
         }
         Decision::Grant { token, revoked: revocation } => {
-            let head = head.expect("a grant serves the head of the queue");
+            let head = head.expect("a grant serves a waiter");
             let reason = revocation.as_ref().map(|r| r.reason.as_str());
-            let lease = build::granted(o.lease, head, *token, &spec_terms, o.wall, reason);
+            let written = build::granted(lease, head, *token, &spec_terms, o.wall, reason);
             // From the holder's release (the Lease's last renewal) to this grant; none
             // after a drain.
-            let handoff_ms = match (current, revocation) {
-                (Current::Free, None) => o
-                    .lease
+            let handoff_ms = match (&case.current, revocation) {
+                (Current::Free, None) => lease
                     .spec
                     .as_ref()
                     .and_then(|s| s.renew_time.as_ref())
@@ -416,35 +464,55 @@ fn carry_out(
                 _ => Some(0),
             };
             let waited_seconds = o.wall.duration_since(head.requested).as_secs_f64().max(0.0);
-            plan.grants.push(Grant { claim: head.clone(), token: *token, waited_seconds, handoff_ms });
+            plan.grants.push(Grant { slot, claim: head.clone(), token: *token, waited_seconds, handoff_ms });
             plan.revocations.extend(revocation.as_ref().map(|r| revoked(r, *token, None)));
             plan.drained.extend(drained);
-            plan.recheck = Some(o.confirm_timeout);
-            Some(lease)
+            plan.recheck = [plan.recheck, Some(o.confirm_timeout)].into_iter().flatten().min();
+            Some(written)
         }
         Decision::Revoke { revocation, raise_to } => {
             plan.revocations.push(revoked(revocation, *raise_to, None));
-            Some(build::revoked(o.lease, *raise_to, revocation.reason.as_str()))
+            Some(build::revoked(lease, *raise_to, revocation.reason.as_str()))
         }
         Decision::Drain { revocation, raise_to, recheck } => {
-            let unchanged = o.hold.map_or(Duration::ZERO, |c| c.unchanged_for);
+            let unchanged = case.view.hold.map_or(Duration::ZERO, |c| c.unchanged_for);
             plan.revocations.push(revoked(revocation, *raise_to, Some(unchanged)));
-            plan.recheck = Some(*recheck);
-            Some(build::draining(o.lease, *raise_to, revocation.reason.as_str(), revocation.token))
+            plan.recheck = [plan.recheck, Some(*recheck)].into_iter().flatten().min();
+            Some(build::draining(lease, *raise_to, revocation.reason.as_str(), revocation.token))
         }
         Decision::Free => {
             plan.drained.extend(drained);
-            Some(build::freed(o.lease))
+            Some(build::freed(lease))
         }
     };
-    Next::Settle(lease.map(Box::new))
+    SlotPlan::Write(written.map(Box::new))
 }
 
-/// The status that follows the writes of `plan`, which leave the Lease as `after`.
+/// The token a decision records, if it mints one.
+fn minted(decision: &Decision) -> Option<i64> {
+    match decision {
+        Decision::Grant { token, .. } => Some(*token),
+        Decision::Revoke { raise_to, .. } | Decision::Drain { raise_to, .. } => Some(*raise_to),
+        _ => None,
+    }
+}
+
+/// How serving sees a slot: free when a waiter could be granted it by this write (its
+/// hold expired, say, is revoked and re-granted in one write), else taken.
+fn serving_state(inputs: &decide::Inputs, state: &LeaseState) -> serve::Slot {
+    let probe = decide::Inputs { waiting: 1, ..inputs.clone() };
+    match (decide::decide(&probe), state) {
+        (Decision::Grant { .. }, _) => serve::Slot::Free,
+        (_, LeaseState::Held(_)) => serve::Slot::Held(serve::Mode::Shared),
+        _ => serve::Slot::Draining,
+    }
+}
+
+/// The status that follows the writes of `plan`, which leave the slot Leases as `after`.
 fn status_after(
     o: &Observation,
     plan: &Plan,
-    after: &Lease,
+    after: &[(u32, &Lease)],
     waiters: Vec<Claim>,
     forced: Option<ForceRelease>,
 ) -> StatusPlan {
@@ -460,85 +528,174 @@ fn status_after(
         Tokens::Known(t) => t,
         Tokens::Tampered { .. } => 0,
     };
-    let (hold, draining) = match view::lease_state(after) {
-        LeaseState::Held(h) => (Some(h), None),
-        LeaseState::Draining(d) => (None, Some(d)),
-        LeaseState::Free => (None, None),
-    };
+    let spec_terms = GrantedTiming::of_spec(&o.lock.spec);
+    let mut holds = Vec::new();
+    let mut draining = Vec::new();
+    for (slot, lease) in after {
+        match view::lease_state(lease) {
+            LeaseState::Held(hold) => {
+                holds.push(SlotHold { slot: *slot, hold, timing: granted::of_lease(lease, &spec_terms).timing })
+            }
+            LeaseState::Draining(d) => draining.push((*slot, d)),
+            LeaseState::Free => {}
+        }
+    }
     StatusPlan {
-        hold,
+        holds,
         draining,
         waiters,
         ready,
-        timing: granted::of_lease(after, &GrantedTiming::of_spec(&o.lock.spec)).timing,
         token: trusted.max(o.known).max(plan.minted().unwrap_or(0)),
         outcome: Outcome {
             granted: plan
                 .grants
-                .first()
-                .map(|g| Granted { waited_seconds: g.waited_seconds, handoff_ms: g.handoff_ms }),
-            revoked: plan.revocations.first().map(|r| r.reason),
+                .iter()
+                .map(|g| Granted { slot: g.slot, waited_seconds: g.waited_seconds, handoff_ms: g.handoff_ms })
+                .collect(),
+            revoked: plan.revocations.iter().map(|r| (r.slot, r.reason)).collect(),
             forced,
             history: Vec::new(),
         },
         approvals: o.required,
+        permits: permits(o.lock),
     }
+}
+
+/// What slot 0's `leasehold.dev/permits` annotation should say (none for one permit).
+fn permits_annotation(lock: &DistributedLock) -> Option<String> {
+    let permits = permits(lock);
+    (permits > 1).then(|| permits.to_string())
+}
+
+/// The lock's permits, within the bounds the CRD enforces.
+pub fn permits(lock: &DistributedLock) -> u32 {
+    u32::try_from(lock.spec.permits).unwrap_or(1).clamp(1, crate::lease::slot::MAX_PERMITS)
 }
 
 /// What to write and record for one lock.
 pub fn plan(o: &Observation) -> Plan {
     let deleting = o.lock.metadata.deletion_timestamp.is_some();
-    let state = view::lease_state(o.lease);
-    let held = match &state {
-        LeaseState::Held(h) => Some(h),
-        _ => None,
-    };
+    let states: Vec<LeaseState> = o.slots.iter().map(|s| view::lease_state(s.lease)).collect();
+    let holds: Vec<&LeaseHold> = states
+        .iter()
+        .filter_map(|s| match s {
+            LeaseState::Held(h) => Some(h),
+            _ => None,
+        })
+        .collect();
     let annotation = force::request(o.lock.annotations());
-    if let Some(first) = first_write(o, annotation.as_ref(), held) {
+    if let Some(first) = first_write(o, annotation.as_ref(), holds.first().copied()) {
         return Plan { first: Some(first), ..Plan::empty() };
     }
-    // ForceReleaseRequests: the oldest approved one is carried out like the annotation.
-    let judgements = if deleting { Vec::new() } else { settle::judge(o, &hold_view(&state)) };
+    // ForceReleaseRequests: the oldest approved one is carried out like the annotation,
+    // each judged against the hold it targets.
+    let judgements =
+        if deleting { Vec::new() } else { settle::judge(o, |target| hold_view(&states[target_slot(&states, target)])) };
     let force = annotation.or_else(|| settle::to_execute(&judgements));
+    let force_target = match force.as_ref().map(|f| &f.target) {
+        Some(Target::Token(t)) => Some(*t),
+        _ => None,
+    };
+    let forced_slot = target_slot(&states, force_target);
 
-    let (live, stale) = queue(o, held.map(|h| &h.identity));
-    let current = current(o, &state, force.as_ref());
-    let inputs = decide::Inputs {
-        terms: granted::of_lease(o.lease, &GrantedTiming::of_spec(&o.lock.spec)),
+    let holders: Vec<&Identity> = holds.iter().map(|h| &h.identity).collect();
+    let (live, stale) = queue(o, &holders);
+    // Only waiters looked at and found serveable are served.
+    let serveable: Vec<&Waiting> = live.iter().copied().take_while(|w| w.serveable == Some(true)).collect();
+    let mut running = o.tokens;
+    let inputs = |case: &SlotCase, tokens: Tokens, waiting: usize| decide::Inputs {
+        terms: case.terms.clone(),
         confirm_timeout: o.confirm_timeout,
-        current: current.clone(),
-        // Only a waiter looked at and found serveable is granted.
-        waiting: live.iter().take_while(|w| w.serveable == Some(true)).count(),
+        current: case.current.clone(),
+        waiting,
         deleting,
-        tokens: o.tokens,
+        tokens,
         wall_clock_ms: o.wall.as_millisecond(),
     };
-    let decision = decide::decide(&inputs);
+    let cases: Vec<SlotCase> = o
+        .slots
+        .iter()
+        .zip(&states)
+        .map(|(view, state)| SlotCase {
+            view,
+            state: state.clone(),
+            current: current(o, view, state, force.as_ref()),
+            terms: granted::of_lease(view.lease, &GrantedTiming::of_spec(&o.lock.spec)),
+        })
+        .collect();
+    let slots: Vec<serve::Slot> = cases.iter().map(|c| serving_state(&inputs(c, running, 1), &c.state)).collect();
+    let modes: Vec<serve::Mode> = serveable.iter().map(|_| serve::Mode::Shared).collect();
+    let served = serve::serve(&slots, permits(o.lock) as usize, o.lock.spec.fairness, &modes);
+
     let mut plan = Plan { stale, track_holder: true, ..Plan::empty() };
-    let head = live.first().map(|w| &w.claim);
-    let desired = match carry_out(o, &decision, &current, head, force.as_ref(), &mut plan) {
-        Next::Settle(desired) => desired,
-        Next::Done => return plan,
-    };
-    plan.lease = desired.clone().map_or(LeaseWrite::Keep, LeaseWrite::Replace);
+    let mut after: Vec<(u32, Lease)> = Vec::new();
+    let mut deleted = 0;
+    for (index, case) in cases.iter().enumerate() {
+        let head = served.iter().find(|s| s.slot == index).map(|s| &serveable[s.waiter].claim);
+        let decision = decide::decide(&inputs(case, running, usize::from(head.is_some())));
+        if let Some(t) = minted(&decision) {
+            running = Tokens::Known(t);
+        }
+        let on_target = if index == forced_slot { force.as_ref() } else { None };
+        match carry_out(o, case, &decision, head, on_target, &mut plan) {
+            SlotPlan::Blocked(blocked) => return not_ready(o.lock, o.known, o.required, blocked_ready(&blocked)),
+            SlotPlan::Delete => {
+                deleted += 1;
+                plan.leases.push(SlotWrite { slot: case.view.slot, write: LeaseWrite::Delete });
+            }
+            SlotPlan::Write(written) => {
+                let slot = case.view.slot;
+                let mut lease = written.as_deref().unwrap_or(case.view.lease).clone();
+                if slot >= permits(o.lock) && !deleting && view::lease_state(&lease) == LeaseState::Free {
+                    // The lock shrank and this slot's last hold is over: the slot goes.
+                    plan.leases.push(SlotWrite { slot, write: LeaseWrite::Delete });
+                    continue;
+                }
+                let mut written = written;
+                if slot == 0 && lease.annotations().get(ANNOTATION_PERMITS) != permits_annotation(o.lock).as_ref() {
+                    // Claimants learn from slot 0 how many slot Leases to watch.
+                    build::set_permits(&mut lease, permits(o.lock));
+                    written = Some(Box::new(lease.clone()));
+                }
+                if let Some(written) = written {
+                    plan.leases.push(SlotWrite { slot, write: LeaseWrite::Replace(written) });
+                }
+                after.push((slot, lease));
+            }
+        }
+    }
+    if deleting && deleted == cases.len() {
+        // The lock goes once every slot Lease is deleted: nothing left to report.
+        plan.finish = true;
+        plan.track_holder = false;
+        plan.recheck = None;
+        return plan;
+    }
 
     // What the force release and the requests become, given this write.
     let revoked_now = plan.revocations.iter().any(|r| r.reason == RevokeReason::Forced);
-    let settled = settle::settle(o.lock, force, held.and_then(|h| h.token), &state, revoked_now, o.wall);
+    let target_state = states.get(forced_slot).cloned().unwrap_or(LeaseState::Free);
+    let target_held = match &target_state {
+        LeaseState::Held(h) => h.token,
+        _ => None,
+    };
+    let settled = settle::settle(o.lock, force, target_held, &target_state, revoked_now, o.wall);
     plan.clear_annotation = settled.clear;
     plan.skipped = settled.skipped;
     let executed_now = settled.forced.as_ref().and_then(|f| f.request.clone());
     plan.requests = settle::updates(&judgements, o.required, executed_now.as_deref(), o.wall);
 
-    let granted_live = plan.grants.len();
-    let waiters = live.iter().skip(granted_live).map(|w| w.claim.clone()).collect();
-    let status = status_after(o, &plan, desired.as_deref().unwrap_or(o.lease), waiters, settled.forced);
+    let granted_claims: Vec<&str> = plan.grants.iter().map(|g| g.claim.uid.as_str()).collect();
+    let waiting: Vec<&Waiting> =
+        live.iter().copied().filter(|w| !granted_claims.contains(&w.claim.uid.as_str())).collect();
+    let after: Vec<(u32, &Lease)> = after.iter().map(|(slot, lease)| (*slot, lease)).collect();
+    let status = status_after(o, &plan, &after, waiting.iter().map(|w| w.claim.clone()).collect(), settled.forced);
     plan.announce = announcement(o.lock.status.as_ref(), &status.ready);
     plan.status = Some(status);
 
     // Wake up for the next deadline: expiry, confirmation, max hold, drain, a claim going
     // stale, a request expiring.
-    let claim_deadline = live.iter().skip(granted_live).map(|w| w.claim.ttl.saturating_sub(w.unchanged_for)).min();
+    let claim_deadline = waiting.iter().map(|w| w.claim.ttl.saturating_sub(w.unchanged_for)).min();
     let request_deadline = settle::next_expiry(&judgements, o.wall);
     plan.recheck = [plan.recheck, claim_deadline, request_deadline].into_iter().flatten().min();
     plan

@@ -17,6 +17,7 @@ use super::error::Error;
 use super::plan::{self, Setup};
 use super::{finalize, force_requests, lock_lease, observe, rbac, record};
 use crate::crd::{DistributedLock, MANAGER_CONTROLLER};
+use crate::lease::slot::MAX_PERMITS;
 use crate::lease::{CasError, LeaseStore};
 
 /// Reconciles one lock, if this replica leads.
@@ -73,7 +74,7 @@ async fn reconcile_lock(lock: &DistributedLock, ctx: &Context) -> Result<Action,
     }
 }
 
-/// One observe → plan → apply pass, from the lock Lease as best known (`fresh`: read
+/// One observe → plan → apply pass, from the slot Leases as best known (`fresh`: read
 /// from the apiserver).
 async fn pass(
     lock: &DistributedLock,
@@ -83,36 +84,51 @@ async fn pass(
     fresh: bool,
 ) -> Result<Action, Error> {
     let uid = lock.uid().unwrap_or_default();
-    let found = lock_lease::current(ctx, &uid, key, store, fresh).await?;
     let known = observe::known_token(ctx, key, lock);
-    let seen = ctx.with_memory(key, &uid, |m| m.seen.clone());
-    let lease = match plan::setup(lock, found.as_ref(), known, seen.as_ref(), Timestamp::now()) {
-        Setup::Use => found.expect("a Lease to use"),
-        Setup::Create { lease, orphan } => {
-            if let Some((_, raise_to)) = &orphan {
-                // Reserved before the write: a re-created Lease never repeats a token.
-                ctx.record_issued(key, *raise_to);
+    let permits = plan::permits(lock);
+    let mut leases = Vec::new();
+    for slot in 0..MAX_PERMITS {
+        let found = if slot < permits {
+            lock_lease::current(ctx, &uid, key, slot, store, fresh).await?
+        } else {
+            // Above the permits (the lock shrank): only a slot Lease that still exists.
+            match lock_lease::cached(ctx, &uid, key, slot) {
+                Some(_) if fresh => store.get(&crate::lease::slot::lease_name(&key.name, slot)).await?,
+                found => found,
             }
-            let created = lock_lease::write(ctx, key, &uid, store, None, &lease).await?;
-            record::created(ctx, lock, key, orphan.as_ref(), known);
-            created
+        };
+        let seen = ctx.with_memory(key, &uid, |m| m.slots.get(&slot).and_then(|s| s.seen.clone()));
+        match plan::setup(lock, slot, found.as_ref(), known, seen.as_ref(), Timestamp::now()) {
+            Setup::Use => leases.push((slot, found.expect("a Lease to use"))),
+            Setup::Create { lease, orphan } => {
+                if let Some((_, raise_to)) = &orphan {
+                    // Reserved before the write: a re-created Lease never repeats a token.
+                    ctx.record_issued(key, *raise_to);
+                }
+                let created = lock_lease::write(ctx, key, &uid, slot, store, None, &lease).await?;
+                record::created(ctx, lock, key, orphan.as_ref(), known);
+                leases.push((slot, created));
+            }
+            Setup::Adopt(adopted) => {
+                info!(namespace = %key.namespace, lock = %key.name, slot, "adopting the lock lease of a re-created lock");
+                let written = lock_lease::write(ctx, key, &uid, slot, store, found.as_ref(), &adopted).await?;
+                leases.push((slot, written));
+            }
+            Setup::Finish => {}
+            Setup::Conflict(ready) => {
+                let plan = plan::not_ready(lock, known, force_requests::required(ctx, lock), ready);
+                let target = Target { ctx, lock, key, store, leases: &[], observed: Instant::now() };
+                return apply::apply(&target, plan).await;
+            }
         }
-        Setup::Adopt(adopted) => {
-            info!(namespace = %key.namespace, lock = %key.name, "adopting the lock lease of a re-created lock");
-            lock_lease::write(ctx, key, &uid, store, found.as_ref(), &adopted).await?
-        }
-        Setup::Finish => {
-            finalize::finish(ctx, lock, key).await?;
-            return Ok(Action::await_change());
-        }
-        Setup::Conflict(ready) => {
-            let plan = plan::not_ready(lock, known, force_requests::required(ctx, lock), ready);
-            let target = Target { ctx, lock, key, store, lease: None, observed: Instant::now() };
-            return apply::apply(&target, plan).await;
-        }
-    };
+    }
+    if leases.is_empty() {
+        // Going, with no Lease left of its own.
+        finalize::finish(ctx, lock, key).await?;
+        return Ok(Action::await_change());
+    }
     let observed = Instant::now();
-    let observation = observe::observe(ctx, lock, key, &lease, observed).await?;
+    let observation = observe::observe(ctx, lock, key, &leases, observed).await?;
     let plan = plan::plan(&observation);
-    apply::apply(&Target { ctx, lock, key, store, lease: Some(&lease), observed }, plan).await
+    apply::apply(&Target { ctx, lock, key, store, leases: &leases, observed }, plan).await
 }

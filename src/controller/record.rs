@@ -34,23 +34,28 @@ pub fn created(ctx: &Context, lock: &DistributedLock, key: &LockKey, orphan: Opt
     publish(ctx, lock, EventType::Warning, recreate::REASON, note, None);
 }
 
-/// A plan's Lease write landed: tokens issued, clocks started, each grant, revocation and
-/// drain counted and announced. `observed` is when the plan's observation was made.
-pub fn lease_written(ctx: &Context, lock: &DistributedLock, key: &LockKey, plan: &Plan, observed: Instant) {
+/// A plan's write of slot `slot`'s Lease landed: tokens issued, clocks started, each of
+/// that slot's grants, revocations and drains counted and announced. `observed` is when
+/// the plan's observation was made.
+pub fn lease_written(ctx: &Context, lock: &DistributedLock, key: &LockKey, plan: &Plan, slot: u32, observed: Instant) {
     let uid = lock.uid().unwrap_or_default();
-    if let Some(token) = plan.minted() {
+    let minted = plan.grants.iter().filter(|g| g.slot == slot).map(|g| g.token);
+    let raised = plan.revocations.iter().filter(|r| r.slot == slot).map(|r| r.raised_to);
+    if let Some(token) = minted.chain(raised).max() {
         ctx.record_issued(key, token);
     }
-    for drained in &plan.drained {
+    for drained in plan.drained.iter().filter(|d| d.slot == slot) {
         self::drained(ctx, lock, key, drained);
     }
-    for grant in &plan.grants {
+    for grant in plan.grants.iter().filter(|g| g.slot == slot) {
         granted(ctx, lock, key, &uid, grant);
     }
-    for revoked in &plan.revocations {
+    for revoked in plan.revocations.iter().filter(|r| r.slot == slot) {
         if let Some(unchanged) = revoked.drain_from {
             // The drain counts from the last renewal seen before this revocation.
-            ctx.with_memory(key, &uid, |m| super::clocks::drain_started(m, revoked.token, observed - unchanged));
+            ctx.with_memory(key, &uid, |m| {
+                super::clocks::drain_started(m.slot(slot), revoked.token, observed - unchanged)
+            });
         }
         self::revoked(ctx, lock, key, revoked);
     }
@@ -67,8 +72,9 @@ pub fn drained(ctx: &Context, lock: &DistributedLock, key: &LockKey, drained: &D
 fn granted(ctx: &Context, lock: &DistributedLock, key: &LockKey, uid: &str, grant: &Grant) {
     let holder = &grant.claim.identity;
     ctx.with_memory(key, uid, |m| {
-        super::clocks::granted(m, &holder.id, grant.token, Instant::now());
-        m.served = Some(grant.claim.uid.clone());
+        let slot = m.slot(grant.slot);
+        super::clocks::granted(slot, &holder.id, grant.token, Instant::now());
+        slot.served = Some(grant.claim.uid.clone());
     });
     ctx.metrics.grants.inc();
     ctx.metrics.wait_seconds.observe(grant.waited_seconds);
@@ -167,24 +173,27 @@ pub fn status_written(
     lock: &DistributedLock,
     previous: &DistributedLockStatus,
     desired: &DistributedLockStatus,
+    outcome: &Outcome,
 ) {
     let released = desired.stats.releases - previous.stats.releases;
     if released > 0 {
         ctx.metrics.releases.inc_by(u64::try_from(released).unwrap_or(0));
-        if let Some(old) = &previous.holder {
-            let pod = lease::Identity::parse(&old.identity).pod;
-            let note = format!("released by {} (token {})", old.identity, old.fencing_token);
-            publish(ctx, lock, EventType::Normal, "Released", note, pod.as_ref());
-        }
     }
     let queued = i64::from(desired.queue_length) - i64::from(previous.queue_length);
     ctx.metrics.queue_depth.inc_by(queued);
-    if let Some(old) = &previous.holder {
+    for old in status::listed(previous) {
         let same =
-            desired.holder.as_ref().is_some_and(|h| h.identity == old.identity && h.fencing_token == old.fencing_token);
-        if !same {
-            let held = Timestamp::now().duration_since(old.acquired_at.0).as_secs_f64().max(0.0);
-            ctx.metrics.hold_seconds.observe(held);
+            status::listed(desired).iter().any(|h| h.identity == old.identity && h.fencing_token == old.fencing_token);
+        if same {
+            continue;
+        }
+        let held = Timestamp::now().duration_since(old.acquired_at.0).as_secs_f64().max(0.0);
+        ctx.metrics.hold_seconds.observe(held);
+        // Gone without a revocation of its slot: its holder released it.
+        if released > 0 && !outcome.revoked.iter().any(|(slot, _)| i64::from(*slot) == i64::from(old.slot)) {
+            let pod = lease::Identity::parse(&old.identity).pod;
+            let note = format!("released by {} (token {})", old.identity, old.fencing_token);
+            publish(ctx, lock, EventType::Normal, "Released", note, pod.as_ref());
         }
     }
 }

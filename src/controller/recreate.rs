@@ -57,11 +57,11 @@ pub fn orphan(seen: Option<&Lease>, status: Option<&HolderStatus>, spec: &Grante
     Some(found)
 }
 
-/// The lock Lease re-created draining `orphan`: the holder still named, the token raised
+/// Slot `slot`'s Lease re-created draining `orphan`: the holder still named, the token raised
 /// to `raise_to` (the orphan's token is stale at once), the drain timed by the orphan's
 /// lease duration.
-pub fn recreated(lock: &DistributedLock, raise_to: i64, orphan: &Orphan, spec: &GrantedTiming) -> Lease {
-    let mut lease = build::new_lock_lease(lock, raise_to);
+pub fn recreated(lock: &DistributedLock, slot: u32, raise_to: i64, orphan: &Orphan, spec: &GrantedTiming) -> Lease {
+    let mut lease = build::new_lock_lease(lock, slot, raise_to);
     let mut terms = *spec;
     terms.timing.lease_duration = orphan.lease_duration;
     granted::record(&mut lease, &terms);
@@ -88,7 +88,7 @@ mod tests {
     }
 
     fn held_by(holder: &str, token: i64, lease_seconds: i32) -> Lease {
-        let mut lease = build::new_lock_lease(&lock(), token);
+        let mut lease = build::new_lock_lease(&lock(), 0, token);
         let spec = lease.spec.as_mut().unwrap();
         spec.holder_identity = Some(holder.into());
         spec.lease_duration_seconds = Some(lease_seconds);
@@ -98,6 +98,7 @@ mod tests {
     fn status(holder: &str, token: i64, lease_seconds: i64) -> HolderStatus {
         let renewed = Timestamp::from_second(1_000).unwrap();
         HolderStatus {
+            slot: 0,
             identity: holder.into(),
             pod: None,
             fencing_token: token,
@@ -114,7 +115,7 @@ mod tests {
         let secs = Duration::from_secs;
         let orphan_of = |id: &str, token, s| Some(Orphan { identity: id.into(), token, lease_duration: secs(s) });
         let drained = build::draining(&held_by("a_1", 7, 9), 8, "Forced", Some(7));
-        let free = build::new_lock_lease(&lock(), 7);
+        let free = build::new_lock_lease(&lock(), 0, 7);
         type Row = (&'static str, Option<Lease>, Option<HolderStatus>, Option<Orphan>);
         let table: Vec<Row> = vec![
             ("nothing known", None, None, None),
@@ -140,7 +141,7 @@ mod tests {
     fn a_recreated_lease_drains_the_orphan_under_a_raised_token() {
         let spec = GrantedTiming::of_spec(&DistributedLockSpec { lease_duration_seconds: 5, ..Default::default() });
         let orphan = Orphan { identity: "pod-a_uid-a".into(), token: 7, lease_duration: Duration::from_secs(9) };
-        let lease = recreated(&lock(), 8, &orphan, &spec);
+        let lease = recreated(&lock(), 0, 8, &orphan, &spec);
         assert_eq!(crate::lease::token::of_lease(&lease), Some(8), "the old token is stale at once");
         assert_eq!(
             view::lease_state(&lease),

@@ -16,6 +16,8 @@ use crate::lease::Timing;
 /// A grant made in this reconcile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Granted {
+    /// The slot granted.
+    pub slot: u32,
     /// How long the new holder waited, seconds.
     pub waited_seconds: f64,
     /// From the lock becoming free to this grant, ms (`None` if unknown).
@@ -25,10 +27,10 @@ pub struct Granted {
 /// What this reconcile did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
-    /// A grant.
-    pub granted: Option<Granted>,
-    /// A revocation.
-    pub revoked: Option<RevokeReason>,
+    /// Grants, in slot order.
+    pub granted: Vec<Granted>,
+    /// Revocations, by slot.
+    pub revoked: Vec<(u32, RevokeReason)>,
     /// A forced release carried out.
     pub forced: Option<ForceRelease>,
     /// Force-release happenings to add to the lock's history.
@@ -36,15 +38,26 @@ pub struct Outcome {
 }
 
 /// What two reconciles did, as one: a pending outcome (its status write failed) followed
-/// by a new one. A revocation or force release already done stays; a newer grant wins.
+/// by a new one. Nothing done is dropped; a newer force release wins.
 pub fn merge(pending: Option<Outcome>, new: Outcome) -> Outcome {
     let Some(pending) = pending else { return new };
     Outcome {
-        granted: new.granted.or(pending.granted),
-        revoked: pending.revoked.or(new.revoked),
+        granted: pending.granted.into_iter().chain(new.granted).collect(),
+        revoked: pending.revoked.into_iter().chain(new.revoked).collect(),
         forced: new.forced.or(pending.forced),
         history: pending.history.into_iter().chain(new.history).collect(),
     }
+}
+
+/// A hold after a reconcile's writes, with its slot and the timing it was granted under.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotHold {
+    /// The slot.
+    pub slot: u32,
+    /// The hold.
+    pub hold: LeaseHold,
+    /// The timing it was granted under.
+    pub timing: Timing,
 }
 
 /// Inputs of [`desired`].
@@ -55,18 +68,18 @@ pub struct Inputs<'a> {
     pub generation: Option<i64>,
     /// Now (wall clock), for condition transitions only.
     pub now: Timestamp,
-    /// The lock's timing.
-    pub timing: Timing,
-    /// The hold on the Lease after this reconcile's write.
-    pub hold: Option<&'a LeaseHold>,
+    /// The holds on the slot Leases after this reconcile's writes, slot order.
+    pub holds: &'a [SlotHold],
+    /// The lock's permits.
+    pub permits: u32,
     /// The highest token issued or reserved.
     pub token: i64,
     /// Live waiters in grant order.
     pub waiters: &'a [&'a Claim],
     /// What was done.
     pub outcome: &'a Outcome,
-    /// A drain under way, if any.
-    pub draining: Option<&'a LeaseDrain>,
+    /// The drains under way, by slot.
+    pub draining: &'a [(u32, LeaseDrain)],
     /// Whether the lock can be granted, and if not why.
     pub ready: &'a Ready,
     /// How many approvals a force release needs.
@@ -122,14 +135,11 @@ fn condition(
     }
 }
 
-fn holder_status(
-    hold: &LeaseHold,
-    previous: Option<&HolderStatus>,
-    granted: Option<&Granted>,
-    timing: &Timing,
-) -> HolderStatus {
+fn holder_status(h: &SlotHold, previous: Option<&HolderStatus>, granted: Option<&Granted>) -> HolderStatus {
+    let (hold, timing) = (&h.hold, &h.timing);
     let token = hold.token.unwrap_or_default();
-    if let Some(p) = previous.filter(|p| p.identity == hold.identity.id && p.fencing_token == token) {
+    let slot = i32::try_from(h.slot).unwrap_or(i32::MAX);
+    if let Some(p) = previous.filter(|p| p.identity == hold.identity.id && p.fencing_token == token && p.slot == slot) {
         return p.clone();
     }
     let acquired = hold.acquire_time.unwrap_or(Timestamp::UNIX_EPOCH);
@@ -137,6 +147,7 @@ fn holder_status(
     let lease = SignedDuration::try_from(timing.lease_duration).unwrap_or(SignedDuration::ZERO);
     HolderStatus {
         identity: hold.identity.id.clone(),
+        slot,
         pod: hold.identity.pod.as_ref().map(|p| p.name.clone()),
         fencing_token: token,
         acquired_at: Time(acquired),
@@ -144,6 +155,12 @@ fn holder_status(
         expires_at: renewed.checked_add(lease).ok().map(Time),
         waited_seconds: granted.map_or(0.0, |g| g.waited_seconds),
     }
+}
+
+/// The holders a status lists: `holders`, or its one `holder` if written before there
+/// were several.
+pub fn listed(status: &DistributedLockStatus) -> Vec<&HolderStatus> {
+    if status.holders.is_empty() { status.holder.iter().collect() } else { status.holders.iter().collect() }
 }
 
 fn drain_message(d: &LeaseDrain) -> String {
@@ -160,32 +177,48 @@ fn drain_message(d: &LeaseDrain) -> String {
 /// The status to write.
 pub fn desired(i: &Inputs) -> DistributedLockStatus {
     let previous = i.previous;
-    let holder = i.hold.map(|h| holder_status(h, previous.holder.as_ref(), i.outcome.granted.as_ref(), &i.timing));
+    let before = listed(previous);
+    let holders: Vec<HolderStatus> = i
+        .holds
+        .iter()
+        .map(|h| {
+            let token = h.hold.token.unwrap_or_default();
+            let earlier = before.iter().copied().find(|p| p.identity == h.hold.identity.id && p.fencing_token == token);
+            let granted = i.outcome.granted.iter().rev().find(|g| g.slot == h.slot);
+            holder_status(h, earlier, granted)
+        })
+        .collect();
     let mut stats = previous.stats.clone();
-    let changed_hands = previous.holder.as_ref().map(|p| (&p.identity, p.fencing_token))
-        != holder.as_ref().map(|h| (&h.identity, h.fencing_token));
-    if previous.holder.is_some() && changed_hands {
-        match i.outcome.revoked {
+    // Every hold that is gone ended once: revoked (by its slot's revocation) or released.
+    for gone in before
+        .iter()
+        .filter(|p| !holders.iter().any(|h| h.identity == p.identity && h.fencing_token == p.fencing_token))
+    {
+        let slot = u32::try_from(gone.slot).unwrap_or_default();
+        match i.outcome.revoked.iter().find(|(s, _)| *s == slot).map(|(_, r)| r) {
             None => stats.releases += 1,
             Some(RevokeReason::Forced) => stats.forced_releases += 1,
             Some(_) => stats.expirations += 1,
         }
     }
-    if let Some(g) = &i.outcome.granted {
-        stats.grants += 1;
+    if let Some(g) = i.outcome.granted.last() {
+        stats.grants += i.outcome.granted.len() as i64;
         stats.last_wait_seconds = Some((g.waited_seconds * 1000.0).round() / 1000.0);
         stats.last_handoff_milliseconds = g.handoff_ms;
     }
     let (ok, reason, message) = i.ready.condition();
     let ready = condition(&previous.conditions, "Ready", ok, reason, message, i.now, i.generation);
-    let (ok, reason, message) = match (&holder, i.draining) {
-        (Some(h), _) => (true, "Held", format!("held by {} with token {}", h.identity, h.fencing_token)),
-        (None, Some(d)) => (false, "Draining", drain_message(d)),
-        (None, None) => (false, "Free", "nobody holds the lock".to_owned()),
+    let (ok, reason, message) = match (holders.as_slice(), i.draining.first()) {
+        ([h], _) => (true, "Held", format!("held by {} with token {}", h.identity, h.fencing_token)),
+        ([_, ..], _) => (true, "Held", format!("{} of {} permits held", holders.len(), i.permits)),
+        ([], Some((_, d))) => (false, "Draining", drain_message(d)),
+        ([], None) => (false, "Free", "nobody holds the lock".to_owned()),
     };
     let held = condition(&previous.conditions, "Held", ok, reason, message, i.now, i.generation);
     DistributedLockStatus {
-        holder,
+        holder: holders.first().cloned(),
+        held_permits: Some(format!("{}/{}", holders.len(), i.permits)),
+        holders,
         fencing_token: Some(previous.fencing_token.unwrap_or(0).max(i.token)).filter(|t| *t > 0),
         waiters: i
             .waiters
@@ -258,16 +291,18 @@ mod tests {
         waiters: &[&Claim],
         outcome: &Outcome,
     ) -> DistributedLockStatus {
+        let holds: Vec<SlotHold> =
+            hold.map(|h| SlotHold { slot: 0, hold: h.clone(), timing: timing() }).into_iter().collect();
         desired(&Inputs {
             previous,
             generation: Some(1),
             now: ts(200),
-            timing: timing(),
-            hold,
+            holds: &holds,
+            permits: 1,
             token,
             waiters,
             outcome,
-            draining: None,
+            draining: &[],
             ready: &Ready::Yes,
             approvals: 0,
         })
@@ -276,8 +311,10 @@ mod tests {
     #[test]
     fn grant_then_release_then_grant() {
         let b = waiter("b", 95);
-        let granted =
-            Outcome { granted: Some(Granted { waited_seconds: 10.0, handoff_ms: Some(3) }), ..Outcome::default() };
+        let granted = Outcome {
+            granted: vec![Granted { slot: 0, waited_seconds: 10.0, handoff_ms: Some(3) }],
+            ..Outcome::default()
+        };
         let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[&b], &granted);
         let h = s1.holder.as_ref().expect("held");
         assert_eq!((h.pod.as_deref(), h.fencing_token, h.waited_seconds), (Some("a"), 7, 10.0));
@@ -295,7 +332,7 @@ mod tests {
         assert_eq!((s2.queue_length, s2.fencing_token), (0, Some(8)));
 
         // b expired, nobody waits: free, token raised.
-        let expired = Outcome { revoked: Some(RevokeReason::Expired), ..Outcome::default() };
+        let expired = Outcome { revoked: vec![(0, RevokeReason::Expired)], ..Outcome::default() };
         let s3 = run(&s2, None, 9, &[], &expired);
         assert_eq!((s3.holder.clone(), s3.stats.expirations, s3.fencing_token), (None, 1, Some(9)));
         assert_eq!(s3.conditions[1].status, "False");
@@ -308,12 +345,12 @@ mod tests {
             previous: &previous,
             generation: Some(1),
             now: ts(999),
-            timing: timing(),
-            hold: None,
+            holds: &[],
+            permits: 1,
             token: 10,
             waiters: &[],
             outcome: &Outcome::default(),
-            draining: None,
+            draining: &[],
             ready: &Ready::Yes,
             approvals: 0,
         });
@@ -323,20 +360,22 @@ mod tests {
 
     #[test]
     fn a_drain_counts_once_and_says_so_until_it_ends() {
-        let granted =
-            Outcome { granted: Some(Granted { waited_seconds: 1.0, handoff_ms: Some(3) }), ..Outcome::default() };
+        let granted = Outcome {
+            granted: vec![Granted { slot: 0, waited_seconds: 1.0, handoff_ms: Some(3) }],
+            ..Outcome::default()
+        };
         let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &granted);
         // Forced: the hold is revoked and drained; status names no holder.
-        let forced = Outcome { revoked: Some(RevokeReason::Forced), ..Outcome::default() };
+        let forced = Outcome { revoked: vec![(0, RevokeReason::Forced)], ..Outcome::default() };
         let drain =
             LeaseDrain { holder: Some(Identity::for_pod("a", UID)), revoked: Some(7), reason: Some("Forced".into()) };
-        let with = |previous: &DistributedLockStatus, token, outcome: &Outcome, draining: Option<&LeaseDrain>| {
+        let with = |previous: &DistributedLockStatus, token, outcome: &Outcome, draining: &[(u32, LeaseDrain)]| {
             desired(&Inputs {
                 previous,
                 generation: Some(1),
                 now: ts(300),
-                timing: timing(),
-                hold: None,
+                holds: &[],
+                permits: 1,
                 token,
                 waiters: &[],
                 outcome,
@@ -345,7 +384,8 @@ mod tests {
                 approvals: 0,
             })
         };
-        let s2 = with(&s1, 8, &forced, Some(&drain));
+        let drains = [(0, drain)];
+        let s2 = with(&s1, 8, &forced, &drains);
         assert_eq!(
             (s2.holder.clone(), s2.stats.forced_releases, s2.stats.releases, s2.fencing_token),
             (None, 1, 0, Some(8))
@@ -354,8 +394,8 @@ mod tests {
         assert_eq!((held.status.as_str(), held.reason.as_str()), ("False", "Draining"));
         assert!(held.message.contains("token 7 revoked (Forced)") && held.message.contains("a_"), "{}", held.message);
         // Nothing new: identical. The drain ends: free, counted nowhere again.
-        assert_eq!(with(&s2, 8, &Outcome::default(), Some(&drain)), s2);
-        let s3 = with(&s2, 8, &Outcome::default(), None);
+        assert_eq!(with(&s2, 8, &Outcome::default(), &drains), s2);
+        let s3 = with(&s2, 8, &Outcome::default(), &[]);
         assert_eq!((s3.stats.forced_releases, s3.stats.releases, s3.stats.expirations), (1, 0, 0));
         assert_eq!(s3.conditions[1].reason, "Free");
     }
@@ -372,12 +412,12 @@ mod tests {
                 previous: &DistributedLockStatus::default(),
                 generation: Some(1),
                 now: ts(1),
-                timing: timing(),
-                hold: None,
+                holds: &[],
+                permits: 1,
                 token: 1,
                 waiters: &[],
                 outcome: &Outcome::default(),
-                draining: None,
+                draining: &[],
                 ready: &ready,
                 approvals: 0,
             });
@@ -388,14 +428,16 @@ mod tests {
 
     #[test]
     fn a_pending_outcome_is_merged_not_lost() {
-        let grant =
-            |w| Outcome { granted: Some(Granted { waited_seconds: w, handoff_ms: None }), ..Outcome::default() };
-        let expired = Outcome { revoked: Some(RevokeReason::Expired), ..Outcome::default() };
+        let grant = |w| Outcome {
+            granted: vec![Granted { slot: 0, waited_seconds: w, handoff_ms: None }],
+            ..Outcome::default()
+        };
+        let expired = Outcome { revoked: vec![(0, RevokeReason::Expired)], ..Outcome::default() };
         assert_eq!(merge(None, grant(1.0)), grant(1.0));
         let merged = merge(Some(expired.clone()), grant(2.0));
         assert_eq!(
-            (merged.revoked, merged.granted.map(|g| g.waited_seconds)),
-            (Some(RevokeReason::Expired), Some(2.0))
+            (merged.revoked, merged.granted.iter().map(|g| g.waited_seconds).collect::<Vec<_>>()),
+            (vec![(0, RevokeReason::Expired)], vec![2.0])
         );
         // A status write that failed after a revocation: the next reconcile (which did
         // nothing new) still counts it as an expiration, once.

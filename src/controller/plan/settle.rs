@@ -39,15 +39,17 @@ pub struct RequestUpdate {
     pub ended: Option<Phase>,
 }
 
-/// The lock's requests, each judged against the hold.
-pub fn judge(o: &Observation, hold: &HoldView) -> Vec<Judgement> {
+/// The lock's requests, each judged against the hold it targets (`hold` of its target
+/// token).
+pub fn judge(o: &Observation, hold: impl Fn(Option<i64>) -> HoldView) -> Vec<Judgement> {
     o.requests
         .iter()
         .map(|request| {
+            let view = hold(request.spec.target_token);
             let verdict = requests::judge(&Judged {
                 spec: &request.spec,
                 phase: request.status.as_ref().and_then(|s| s.phase),
-                hold,
+                hold: &view,
                 required: o.required,
                 executed: o
                     .executed

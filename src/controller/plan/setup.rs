@@ -27,29 +27,41 @@ pub enum Setup {
     },
     /// Take over the Lease of an earlier lock of the same name (this write), then plan.
     Adopt(Lease),
-    /// The lock is going and has no Lease of its own: let it go.
+    /// There is no Lease for this slot, and none is needed: the lock is going, or the
+    /// slot is above its permits.
     Finish,
     /// The Lease with the lock's name is not ours: nothing can be granted.
     Conflict(Ready),
 }
 
-/// The setup for `lock` given the Lease with its name (`None`: there is none), the
-/// highest token known, the Lease as last seen in this leadership term, and now.
-pub fn setup(lock: &DistributedLock, lease: Option<&Lease>, known: i64, seen: Option<&Lease>, now: Timestamp) -> Setup {
+/// The setup for slot `slot` of `lock` given the Lease with its name (`None`: there is
+/// none), the highest token known, the Lease as last seen in this leadership term, and
+/// now. A slot at or above the lock's permits is never created.
+pub fn setup(
+    lock: &DistributedLock,
+    slot: u32,
+    lease: Option<&Lease>,
+    known: i64,
+    seen: Option<&Lease>,
+    now: Timestamp,
+) -> Setup {
     let deleting = lock.metadata.deletion_timestamp.is_some();
     let Some(lease) = lease else {
-        if deleting {
+        if deleting || slot >= super::permits(lock) {
             return Setup::Finish;
         }
         let spec = GrantedTiming::of_spec(&lock.spec);
-        let status = lock.status.as_ref().and_then(|s| s.holder.as_ref());
+        let listed = lock.status.as_ref().map(|s| {
+            if s.holders.is_empty() { s.holder.iter().collect::<Vec<_>>() } else { s.holders.iter().collect() }
+        });
+        let status = listed.unwrap_or_default().into_iter().find(|h| u32::try_from(h.slot).ok() == Some(slot));
         let orphan = recreate::orphan(seen, status, &spec);
         return match (orphan, token::mint(known, now.as_millisecond())) {
             (Some(orphan), Some(raise_to)) => Setup::Create {
-                lease: recreate::recreated(lock, raise_to, &orphan, &spec),
+                lease: recreate::recreated(lock, slot, raise_to, &orphan, &spec),
                 orphan: Some((orphan, raise_to)),
             },
-            _ => Setup::Create { lease: build::new_lock_lease(lock, known), orphan: None },
+            _ => Setup::Create { lease: build::new_lock_lease(lock, slot, known), orphan: None },
         };
     };
     match view::ownership(lease, &lock.name_any(), &lock.uid().unwrap_or_default()) {

@@ -11,6 +11,7 @@ use crate::claim::edit;
 use crate::crd::{
     ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_BY, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLockSpec,
 };
+use crate::lease::Timing;
 
 const S: Duration = Duration::from_secs(1);
 const TOKEN: i64 = 1_000;
@@ -49,7 +50,7 @@ fn waiting(who: &str, created_s: i64, serveable: Option<bool>) -> Waiting {
 }
 
 fn free() -> Lease {
-    build::new_lock_lease(&lock(), TOKEN)
+    build::new_lock_lease(&lock(), 0, TOKEN)
 }
 
 /// Held by `who` with `TOKEN`, confirmed.
@@ -76,11 +77,14 @@ fn observation<'a>(lock: &'a DistributedLock, lease: &'a Lease, claims: Vec<Wait
     let state = view::lease_state(lease);
     Observation {
         lock,
-        lease,
+        slots: vec![SlotView {
+            slot: 0,
+            lease,
+            hold: matches!(state, LeaseState::Held(_)).then(|| clock(1)),
+            drain_since_renewal: matches!(state, LeaseState::Draining(_)).then_some(S),
+        }],
         claims,
-        spent: None,
-        hold: matches!(state, LeaseState::Held(_)).then(|| clock(1)),
-        drain_since_renewal: matches!(state, LeaseState::Draining(_)).then_some(S),
+        spent: Vec::new(),
         requests: Vec::new(),
         executed: None,
         required: 0,
@@ -91,8 +95,13 @@ fn observation<'a>(lock: &'a DistributedLock, lease: &'a Lease, claims: Vec<Wait
     }
 }
 
+/// The write of slot 0's Lease (`Keep` when none).
+fn write_of(plan: &Plan) -> LeaseWrite {
+    plan.leases.iter().find(|w| w.slot == 0).map_or(LeaseWrite::Keep, |w| w.write.clone())
+}
+
 fn holder_of(plan: &Plan) -> Option<String> {
-    match &plan.lease {
+    match &write_of(plan) {
         LeaseWrite::Replace(lease) => edit::holder(lease).map(str::to_owned),
         _ => None,
     }
@@ -120,10 +129,10 @@ fn a_free_lock_is_granted_to_the_head_of_the_queue_with_a_new_token() {
     assert_eq!(plan.minted(), Some(grant.token));
     assert!(plan.revocations.is_empty() && plan.drained.is_empty() && plan.stale.is_empty());
     let status = status(&plan);
-    assert_eq!(status.hold.as_ref().and_then(|h| h.token), Some(grant.token));
+    assert_eq!(status.holds.first().and_then(|h| h.hold.token), Some(grant.token));
     assert_eq!(status.token, grant.token);
     assert_eq!(names(&status.waiters), ["orders.u-b", "orders.u-c"], "the rest wait, in order");
-    assert_eq!(status.outcome.granted.as_ref().map(|g| g.waited_seconds), Some(999.0));
+    assert_eq!(status.outcome.granted.first().map(|g| g.waited_seconds), Some(999.0));
     assert!(plan.track_holder);
     assert_eq!(plan.recheck, Some(o.confirm_timeout), "the grant must be confirmed in time");
 }
@@ -144,16 +153,16 @@ fn a_claim_already_served_is_never_granted_again() {
     let lock = lock();
     let lease = free();
     let mut o = observation(&lock, &lease, vec![waiting("a", 1, None), waiting("b", 2, Some(true))]);
-    o.spent = Some("uid-a".into());
+    o.spent = vec!["uid-a".into()];
     let plan = super::plan(&o);
     assert_eq!(holder_of(&plan).as_deref(), Some("u-b"), "the next claimant, not the one that just released");
     assert_eq!(names(&plan.stale), ["orders.u-a"]);
 
     // Alone in the queue, it is not granted either.
     let mut o = observation(&lock, &lease, vec![waiting("a", 1, None)]);
-    o.spent = Some("uid-a".into());
+    o.spent = vec!["uid-a".into()];
     let plan = super::plan(&o);
-    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
     assert!(plan.grants.is_empty());
     assert!(status(&plan).waiters.is_empty());
 }
@@ -168,7 +177,7 @@ fn aged_out_claims_are_stale_and_the_earliest_deadline_is_rechecked() {
     young.unchanged_for = 25 * S;
     let o = observation(&lock, &lease, vec![old, young]);
     let plan = super::plan(&o);
-    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
     assert_eq!(names(&plan.stale), ["orders.u-old"]);
     assert_eq!(names(&status(&plan).waiters), ["orders.u-young"]);
     assert_eq!(plan.recheck, Some(5 * S), "the young claim goes stale first");
@@ -180,10 +189,10 @@ fn a_renewing_holder_keeps_the_lock_and_its_own_claim_is_not_a_waiter() {
     let lease = held("h");
     let o = observation(&lock, &lease, vec![waiting("h", 1, None), waiting("b", 2, Some(true))]);
     let plan = super::plan(&o);
-    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
     assert!(plan.grants.is_empty() && plan.revocations.is_empty() && plan.stale.is_empty());
     assert_eq!(names(&status(&plan).waiters), ["orders.u-b"]);
-    assert_eq!(status(&plan).hold.as_ref().map(|h| h.identity.id.as_str()), Some("u-h"));
+    assert_eq!(status(&plan).holds.first().map(|h| h.hold.identity.id.as_str()), Some("u-h"));
     assert_eq!(plan.recheck, Some(lease_duration() - S), "looked at again when it would expire");
 }
 
@@ -192,14 +201,14 @@ fn an_expired_hold_is_revoked_and_the_next_waiter_granted_in_one_write() {
     let lock = lock();
     let lease = held("h");
     let mut o = observation(&lock, &lease, vec![waiting("h", 1, None), waiting("b", 2, Some(true))]);
-    o.hold = Some(clock(lease_duration().as_secs()));
+    o.slots[0].hold = Some(clock(lease_duration().as_secs()));
     let plan = super::plan(&o);
     assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
     let [revoked] = plan.revocations.as_slice() else { panic!("one revocation: {:?}", plan.revocations) };
     assert_eq!((revoked.reason, revoked.token, revoked.drain_from), (RevokeReason::Expired, Some(TOKEN), None));
     assert_eq!(revoked.claim.as_ref().map(|c| c.name.as_str()), Some("orders.u-h"), "its claim goes with it");
     assert_eq!(revoked.raised_to, plan.grants[0].token);
-    assert_eq!(status(&plan).outcome.revoked, Some(RevokeReason::Expired));
+    assert_eq!(status(&plan).outcome.revoked, [(0, RevokeReason::Expired)]);
     assert_eq!(plan.grants[0].handoff_ms, Some(0));
 }
 
@@ -208,16 +217,16 @@ fn a_believing_holder_whose_pod_is_gone_is_drained_and_nobody_is_granted() {
     let lock = lock();
     let lease = held("h");
     let mut o = observation(&lock, &lease, vec![waiting("h", 1, None), waiting("b", 2, Some(true))]);
-    o.hold = Some(HoldClock { pod_gone: true, ..clock(3) });
+    o.slots[0].hold = Some(HoldClock { pod_gone: true, ..clock(3) });
     let plan = super::plan(&o);
     assert!(plan.grants.is_empty());
     let [revoked] = plan.revocations.as_slice() else { panic!("one revocation") };
     assert_eq!((revoked.reason, revoked.drain_from), (RevokeReason::PodGone, Some(3 * S)));
-    let LeaseWrite::Replace(written) = &plan.lease else { panic!("a Lease write") };
+    let LeaseWrite::Replace(written) = &write_of(&plan) else { panic!("a Lease write") };
     let LeaseState::Draining(drain) = view::lease_state(written) else { panic!("draining") };
     assert_eq!((drain.revoked, drain.holder.map(|h| h.id)), (Some(TOKEN), Some("u-h".to_owned())));
-    assert_eq!(status(&plan).draining.as_ref().and_then(|d| d.revoked), Some(TOKEN));
-    assert!(status(&plan).hold.is_none());
+    assert_eq!(status(&plan).draining.first().and_then(|(_, d)| d.revoked), Some(TOKEN));
+    assert!(status(&plan).holds.is_empty());
     assert_eq!(status(&plan).token, revoked.raised_to, "the old token is stale at once");
     assert_eq!(plan.recheck, Some(lease_duration() - 3 * S), "the drain's end");
 }
@@ -230,7 +239,7 @@ fn a_drain_holds_the_queue_until_acknowledged_or_timed_out() {
     let unacknowledged = draining("h", false);
     let o = observation(&lock, &unacknowledged, waiters());
     let plan = super::plan(&o);
-    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
     assert!(plan.grants.is_empty() && plan.drained.is_empty());
     assert_eq!(plan.recheck, Some(lease_duration() - S));
 
@@ -238,16 +247,16 @@ fn a_drain_holds_the_queue_until_acknowledged_or_timed_out() {
     let acknowledged = draining("h", true);
     let plan = super::plan(&observation(&lock, &acknowledged, waiters()));
     assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
-    assert_eq!(plan.drained, [Drained { token: Some(TOKEN), acknowledged: true }]);
+    assert_eq!(plan.drained, [Drained { slot: 0, token: Some(TOKEN), acknowledged: true }]);
     assert_eq!(plan.grants[0].handoff_ms, None, "no handoff time after a drain");
 
     // Timed out with nobody waiting: freed.
     let mut o = observation(&lock, &unacknowledged, Vec::new());
-    o.drain_since_renewal = Some(lease_duration());
+    o.slots[0].drain_since_renewal = Some(lease_duration());
     let plan = super::plan(&o);
-    let LeaseWrite::Replace(written) = &plan.lease else { panic!("a Lease write") };
+    let LeaseWrite::Replace(written) = &write_of(&plan) else { panic!("a Lease write") };
     assert_eq!(view::lease_state(written), LeaseState::Free);
-    assert_eq!(plan.drained, [Drained { token: Some(TOKEN), acknowledged: false }]);
+    assert_eq!(plan.drained, [Drained { slot: 0, token: Some(TOKEN), acknowledged: false }]);
 }
 
 #[test]
@@ -256,7 +265,8 @@ fn a_lock_being_deleted_deletes_its_free_lease() {
     lock.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
     let lease = free();
     let plan = super::plan(&observation(&lock, &lease, vec![waiting("b", 2, None)]));
-    assert_eq!(plan.lease, LeaseWrite::Delete);
+    assert_eq!(write_of(&plan), LeaseWrite::Delete);
+    assert!(plan.finish, "the lock goes once its only Lease is deleted");
     assert!(plan.grants.is_empty() && plan.status.is_none());
 }
 
@@ -267,7 +277,7 @@ fn a_tampered_token_grants_nothing_and_says_why_once() {
     let mut o = observation(&lock, &lease, vec![waiting("b", 2, Some(true))]);
     o.tokens = Tokens::Tampered { found: i64::MAX, ceiling: 5 };
     let plan = super::plan(&o);
-    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
     assert!(plan.grants.is_empty());
     assert!(matches!(status(&plan).ready, Ready::TokenTampered(_)));
     assert_eq!(plan.announce.as_ref().map(|a| a.0), Some("TokenTampered"));
@@ -289,7 +299,7 @@ fn a_force_release_annotation_is_stamped_refused_or_carried_out() {
     let unstamped = with_annotations(lock(), &asked);
     let plan = super::plan(&observation(&unstamped, &lease, Vec::new()));
     assert_eq!(plan.first, Some(First::Stamp(TOKEN.to_string())));
-    assert_eq!(plan.lease, LeaseWrite::Keep);
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
 
     // The policy needs approvals: refused, nothing revoked.
     let mut o = observation(&unstamped, &lease, Vec::new());
