@@ -604,7 +604,7 @@ pub fn plan(o: &Observation) -> Plan {
     let serveable: Vec<&Waiting> = live.iter().copied().take_while(|w| w.serveable == Some(true)).collect();
     let mut running = o.tokens;
     let inputs = |case: &SlotCase, tokens: Tokens, waiting: usize| decide::Inputs {
-        terms: case.terms.clone(),
+        terms: case.terms,
         confirm_timeout: o.confirm_timeout,
         current: case.current.clone(),
         waiting,

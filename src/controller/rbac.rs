@@ -64,7 +64,8 @@ pub struct Grant {
     /// Who; `None` when the namespace has no locks (the binding is left as it was, so
     /// that a lock re-created under the same name finds its clients still bound).
     pub clients: Option<Clients>,
-    /// The lock Lease names (one per lock, named like it), for `resourceNames`.
+    /// The slot Lease names of every lock (slot 0 named like the lock), for
+    /// `resourceNames`.
     pub leases: BTreeSet<String>,
     /// The names of the namespace's Pods that run the sidecar, for `resourceNames`.
     pub pods: BTreeSet<String>,
@@ -77,7 +78,11 @@ pub fn grant<'a>(locks: impl IntoIterator<Item = &'a DistributedLock>) -> Grant 
     let mut all = false;
     let mut leases = BTreeSet::new();
     for lock in locks {
-        leases.insert(lock.name_any());
+        // Every slot Lease: one per permit, and any above them still held after the lock
+        // shrank (its holder must still renew and release it).
+        let held_above = lock.status.iter().flat_map(|s| &s.holders).filter_map(|h| u32::try_from(h.slot).ok());
+        let slots = held_above.map(|slot| slot + 1).fold(super::plan::permits(lock), u32::max);
+        leases.extend(crate::lease::slot::lease_names(&lock.name_any(), slots));
         all |= lock.spec.clients.is_empty();
         named.extend(lock.spec.clients.iter().cloned());
     }
@@ -388,6 +393,30 @@ mod tests {
             Grant { clients: Some(Clients::All), leases: names(&["a", "b"]), pods: BTreeSet::new() }
         );
         assert_eq!(grant([]), Grant { clients: None, leases: BTreeSet::new(), pods: BTreeSet::new() });
+    }
+
+    #[test]
+    fn every_slot_lease_is_named_and_a_slot_still_held_after_a_shrink_too() {
+        let mut semaphore = lock("pool", &[]);
+        semaphore.spec.permits = 3;
+        assert_eq!(grant([&semaphore]).leases, names(&["pool", "pool.1", "pool.2"]));
+        // Shrunk to 1 while slot 2 is still held: its holder must still renew and release.
+        semaphore.spec.permits = 1;
+        let held = |slot| crate::crd::HolderStatus {
+            identity: "w".into(),
+            slot,
+            pod: None,
+            fencing_token: 1,
+            acquired_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            renewed_at: None,
+            expires_at: None,
+            waited_seconds: 0.0,
+        };
+        semaphore.status =
+            Some(crate::crd::DistributedLockStatus { holders: vec![held(0), held(2)], ..Default::default() });
+        assert_eq!(grant([&semaphore]).leases, names(&["pool", "pool.1", "pool.2"]));
+        semaphore.status = None;
+        assert_eq!(grant([&semaphore]).leases, names(&["pool"]));
     }
 
     #[test]

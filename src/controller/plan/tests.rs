@@ -340,3 +340,118 @@ fn an_unconfirmed_grant_whose_claim_is_withdrawn_is_revoked_at_once() {
     assert_eq!((revoked.reason, revoked.drain_from), (RevokeReason::Unconfirmed, None));
     assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
 }
+
+fn semaphore(permits: i32) -> DistributedLock {
+    let mut lock = lock();
+    lock.spec.permits = permits;
+    lock
+}
+
+/// Slot `slot`'s Lease of `lock`, free or held by `who` with `token` (confirmed).
+fn slot_lease(lock: &DistributedLock, slot: u32, held_by: Option<(&str, i64)>) -> Lease {
+    let free = build::new_lock_lease(lock, slot, TOKEN);
+    let Some((who, token)) = held_by else { return free };
+    let terms = GrantedTiming::of_spec(&lock.spec);
+    let granted =
+        build::granted(&free, &claim(who, 1), token, &terms, Timestamp::from_second(900).expect("valid"), None);
+    edit::renewed(&granted, Timestamp::from_second(990).expect("valid"))
+}
+
+fn slots_observation<'a>(lock: &'a DistributedLock, leases: &'a [Lease], claims: Vec<Waiting>) -> Observation<'a> {
+    let mut o = observation(lock, &leases[0], claims);
+    o.slots = leases
+        .iter()
+        .enumerate()
+        .map(|(i, lease)| SlotView {
+            slot: u32::try_from(i).expect("a slot"),
+            lease,
+            hold: matches!(view::lease_state(lease), LeaseState::Held(_)).then(|| clock(1)),
+            drain_since_renewal: matches!(view::lease_state(lease), LeaseState::Draining(_)).then_some(S),
+        })
+        .collect();
+    o
+}
+
+fn granted_slots(plan: &Plan) -> Vec<(u32, &str)> {
+    plan.grants.iter().map(|g| (g.slot, g.claim.name.as_str())).collect()
+}
+
+#[test]
+fn a_semaphore_grants_up_to_its_permits_in_claim_order_with_tokens_rising_across_slots() {
+    let lock = semaphore(3);
+    let leases: Vec<Lease> = (0..3).map(|slot| slot_lease(&lock, slot, None)).collect();
+    let claims = ["a", "b", "c", "d"].iter().enumerate().map(|(i, w)| waiting(w, i as i64 + 1, Some(true))).collect();
+    let plan = super::plan(&slots_observation(&lock, &leases, claims));
+    assert_eq!(granted_slots(&plan), [(0, "orders.u-a"), (1, "orders.u-b"), (2, "orders.u-c")]);
+    let tokens: Vec<i64> = plan.grants.iter().map(|g| g.token).collect();
+    assert!(tokens[0] > TOKEN && tokens.windows(2).all(|w| w[1] > w[0]), "tokens rise across the lock: {tokens:?}");
+    assert_eq!(plan.leases.iter().map(|w| w.slot).collect::<Vec<_>>(), [0, 1, 2], "one write per slot granted");
+    let status = status(&plan);
+    assert_eq!(status.holds.iter().map(|h| h.slot).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(names(&status.waiters), ["orders.u-d"], "the fourth waits");
+    assert_eq!(status.token, tokens[2]);
+    assert_eq!(status.permits, 3);
+}
+
+#[test]
+fn a_semaphore_serves_the_head_on_a_free_slot_beside_its_holders() {
+    let lock = semaphore(2);
+    let leases = [slot_lease(&lock, 0, Some(("h", TOKEN))), slot_lease(&lock, 1, None)];
+    let claims = vec![waiting("h", 1, None), waiting("b", 2, Some(true)), waiting("c", 3, None)];
+    let plan = super::plan(&slots_observation(&lock, &leases, claims));
+    assert_eq!(granted_slots(&plan), [(1, "orders.u-b")]);
+    assert_eq!(names(&status(&plan).waiters), ["orders.u-c"], "the holder's own claim is not a waiter");
+    assert!(plan.revocations.is_empty());
+}
+
+#[test]
+fn an_expired_hold_on_one_slot_is_revoked_and_regranted_while_the_others_hold() {
+    let lock = semaphore(2);
+    let leases = [slot_lease(&lock, 0, Some(("h", TOKEN))), slot_lease(&lock, 1, Some(("k", TOKEN + 1)))];
+    let mut o = slots_observation(&lock, &leases, vec![waiting("b", 2, Some(true))]);
+    o.tokens = Tokens::Known(TOKEN + 1);
+    o.slots[1].hold = Some(clock(lease_duration().as_secs()));
+    let plan = super::plan(&o);
+    assert_eq!(granted_slots(&plan), [(1, "orders.u-b")]);
+    let [revoked] = plan.revocations.as_slice() else { panic!("one revocation: {:?}", plan.revocations) };
+    assert_eq!((revoked.slot, revoked.reason, revoked.token), (1, RevokeReason::Expired, Some(TOKEN + 1)));
+    assert!(plan.grants[0].token > TOKEN + 1, "above every token of the lock");
+    assert_eq!(status(&plan).outcome.revoked, [(1, RevokeReason::Expired)]);
+}
+
+#[test]
+fn shrinking_never_revokes_and_grants_nobody_until_fewer_hold_than_the_new_permits() {
+    // Shrunk from 2 to 1 while both slots hold: both keep holding, nobody is granted.
+    let lock = semaphore(1);
+    let leases = [slot_lease(&lock, 0, Some(("h", TOKEN))), slot_lease(&lock, 1, Some(("k", TOKEN - 1)))];
+    let plan = super::plan(&slots_observation(&lock, &leases, vec![waiting("b", 2, Some(true))]));
+    assert!(plan.grants.is_empty() && plan.revocations.is_empty());
+    assert_eq!(status(&plan).holds.len(), 2, "both holds stand");
+
+    // Slot 0 released while slot 1 still holds: still one holder for one permit.
+    let leases = [slot_lease(&lock, 0, None), slot_lease(&lock, 1, Some(("k", TOKEN - 1)))];
+    let plan = super::plan(&slots_observation(&lock, &leases, vec![waiting("b", 2, Some(true))]));
+    assert!(plan.grants.is_empty(), "a hold above the permits still counts: {:?}", plan.grants);
+
+    // Slot 1 released: its Lease goes; slot 0 is granted.
+    let leases = [slot_lease(&lock, 0, None), slot_lease(&lock, 1, None)];
+    let plan = super::plan(&slots_observation(&lock, &leases, vec![waiting("b", 2, Some(true))]));
+    assert_eq!(granted_slots(&plan), [(0, "orders.u-b")]);
+    assert!(plan.leases.contains(&SlotWrite { slot: 1, write: LeaseWrite::Delete }), "{:?}", plan.leases);
+}
+
+#[test]
+fn slot_zero_records_the_permits_for_claimants_to_watch() {
+    let lock = semaphore(3);
+    let mut bare = slot_lease(&lock, 0, None);
+    bare.metadata.annotations.as_mut().expect("annotations").remove(crate::crd::ANNOTATION_PERMITS);
+    let plan = super::plan(&slots_observation(&lock, std::slice::from_ref(&bare), Vec::new()));
+    let LeaseWrite::Replace(written) = write_of(&plan) else { panic!("slot 0 written: {:?}", plan.leases) };
+    assert_eq!(written.annotations().get(crate::crd::ANNOTATION_PERMITS).map(String::as_str), Some("3"));
+    // Recorded already: nothing to write.
+    let recorded = slot_lease(&lock, 0, None);
+    let plan = super::plan(&slots_observation(&lock, std::slice::from_ref(&recorded), Vec::new()));
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
+    // A mutex records none.
+    assert!(free().annotations().get(crate::crd::ANNOTATION_PERMITS).is_none());
+}
