@@ -2,8 +2,8 @@
 //!
 //! Acquires with the caller's own credentials, then starts the command through a guard
 //! ([`guard`]: a second `leasehold` process, in a process group of its own, subreaper of
-//! the command's tree) with `LEASEHOLD_FENCING_TOKEN` and `LEASEHOLD_LOCK` set, and renews
-//! in-process. After every renewal it passes the hold's validity deadline (on
+//! the command's tree) with `LEASEHOLD_FENCING_TOKEN`, `LEASEHOLD_SLOT` and
+//! `LEASEHOLD_LOCK` set, and renews in-process. After every renewal it passes the hold's validity deadline (on
 //! `CLOCK_BOOTTIME`) to the guard, which stops the command by itself if that deadline
 //! passes — so neither a `run` that is killed nor one that is frozen leaves the command
 //! running unlocked. If the hold is lost, or `run` is told to stop, the guard sends the
@@ -217,7 +217,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             return Ok(EXIT_USAGE);
         }
     };
-    let started = start_guard(&config.command, namespace, lock, token, grace);
+    let started = start_guard(&config.command, namespace, lock, (token, hold.slot()), grace);
     let (listener, mut guard) = match started {
         Ok(started) => started,
         Err(e) => {
@@ -239,7 +239,7 @@ fn start_guard(
     command: &[String],
     namespace: &str,
     lock: &str,
-    token: i64,
+    (token, slot): (i64, u32),
     grace: Duration,
 ) -> anyhow::Result<(UnixListener, Child)> {
     let (listener, name) = channel::listen().context("failed to open the channel to the command's guard")?;
@@ -253,6 +253,7 @@ fn start_guard(
         .args(["--grace-ms", &boottime::millis(grace).to_string(), "--"])
         .args(command)
         .env("LEASEHOLD_FENCING_TOKEN", token.to_string())
+        .env("LEASEHOLD_SLOT", slot.to_string())
         .env("LEASEHOLD_LOCK", format!("{namespace}/{lock}"))
         .process_group(0)
         .spawn()

@@ -67,8 +67,8 @@ pub fn draining(lease: &Lease) -> Option<Option<i64>> {
 }
 
 /// The token of a hold granted to `identity` by this lock Lease, if it names `identity`.
-/// Only a Lease labelled as the lock Lease (`leasehold.dev/role: lock`,
-/// `leasehold.dev/lock: <its name>`) grants: the guard lets nobody but the controller
+/// Only a Lease labelled as a slot Lease of its lock (`leasehold.dev/role: lock`,
+/// `leasehold.dev/lock: <lock>`, named `<lock>` or `<lock>.<slot>`) grants: the guard lets nobody but the controller
 /// create one or change its labels, while anyone allowed to create Leases could create an
 /// unlabelled one with the lock's name naming us. A draining Lease grants nothing: it
 /// names a holder whose hold was revoked.
@@ -79,15 +79,27 @@ pub fn granted_token(lease: &Lease, identity: &Identity) -> Option<i64> {
     token::of_lease(lease)
 }
 
-/// Whether `lease` is a lock Lease (labelled as one, for the lock of its name) whose
-/// holder is `identity`.
+/// Whether `lease` is a lock's slot Lease (labelled as one, for the lock its name is a
+/// slot of) whose holder is `identity`.
 pub fn names_us(lease: &Lease, identity: &Identity) -> bool {
-    let labels = lease.metadata.labels.as_ref();
-    let lock_lease = labels.is_some_and(|l| {
-        l.get(LABEL_ROLE).map(String::as_str) == Some(ROLE_LOCK)
-            && l.get(LABEL_LOCK).is_some_and(|lock| Some(lock) == lease.metadata.name.as_ref())
-    });
-    lock_lease && holder(lease) == Some(identity.id.as_str())
+    slot_of(lease).is_some() && holder(lease) == Some(identity.id.as_str())
+}
+
+/// The slot this Lease grants, if it is labelled as a lock Lease for the lock its name is
+/// a slot of (`<lock>` is slot 0, `<lock>.<i>` slot `i`). The guard lets nobody but the
+/// controller create such a Lease or change its labels.
+pub fn slot_of(lease: &Lease) -> Option<u32> {
+    let labels = lease.metadata.labels.as_ref()?;
+    if labels.get(LABEL_ROLE).map(String::as_str) != Some(ROLE_LOCK) {
+        return None;
+    }
+    crate::lease::slot::of_lease_name(labels.get(LABEL_LOCK)?, lease.metadata.name.as_deref()?)
+}
+
+/// The permits slot 0's Lease records: how many slot Leases a waiting claimant watches.
+pub fn permits(lease: &Lease) -> u32 {
+    let recorded = lease.metadata.annotations.as_ref().and_then(|a| a.get(crate::crd::ANNOTATION_PERMITS));
+    recorded.and_then(|p| p.parse().ok()).unwrap_or(1).clamp(1, crate::lease::slot::MAX_PERMITS)
 }
 
 /// The Lease with our hold with `token` given up, if it still names it: released while

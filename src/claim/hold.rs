@@ -68,6 +68,7 @@ pub struct ReleaseOutcome {
 /// A confirmed hold on a lock, renewed in the background until released, dropped or lost.
 pub struct Hold {
     lock: String,
+    slot: u32,
     token: i64,
     acquired_at: Timestamp,
     terms: GrantedTiming,
@@ -80,6 +81,8 @@ pub struct Hold {
 
 /// A grant just confirmed by our compare-and-swap.
 pub(super) struct Confirmed {
+    /// The slot granted.
+    pub slot: u32,
     /// The grant's token.
     pub token: i64,
     /// The lock Lease as our confirmation wrote it.
@@ -97,7 +100,7 @@ impl Hold {
         lock: &str,
         ticket: super::book::Ticket,
         fallback: GrantedTiming,
-        Confirmed { token, lease, sent }: Confirmed,
+        Confirmed { slot, token, lease, sent }: Confirmed,
         states: BoxStream<'static, Option<Lease>>,
     ) -> Hold {
         {
@@ -126,12 +129,27 @@ impl Hold {
             events: events.clone(),
         };
         tokio::spawn(renewer.run(sent, states, commands));
-        Hold { lock: lock.to_owned(), token, acquired_at: Timestamp::now(), terms, max_until, status, events, release }
+        Hold {
+            lock: lock.to_owned(),
+            slot,
+            token,
+            acquired_at: Timestamp::now(),
+            terms,
+            max_until,
+            status,
+            events,
+            release,
+        }
     }
 
     /// The lock's name.
     pub fn lock(&self) -> &str {
         &self.lock
+    }
+
+    /// The permit slot held (0 for a mutex): its Lease is `<lock>`, or `<lock>.<slot>`.
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 
     /// The fencing token granted with this hold.

@@ -31,11 +31,14 @@ use tracing::{debug, info, warn};
 pub use edit::LostReason;
 pub use hold::{Hold, HoldEvent, HoldStatus, ReleaseOutcome};
 pub use react::{Ours, Reaction};
-pub use watch::lease_states;
+pub use watch::{SlotWatches, lease_states};
 
 use crate::crd::{DistributedLock, LockClaim};
-use crate::lease::{CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code};
+use crate::lease::{
+    CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code, slot,
+};
 use crate::metrics::ClientMetrics;
+use k8s_openapi::api::coordination::v1::Lease;
 
 /// The shortest wait for a grant: a wait of 0 (a try-lock) still gives the controller this
 /// long to see the claim and grant, and the claimant to confirm — one round trip each,
@@ -202,6 +205,10 @@ impl Claimant {
 
     /// Claims `lock`, waits up to `wait` for the grant and confirms it. Dropping the
     /// returned future withdraws the claim.
+    ///
+    /// A lock with several permits is granted on any of its slot Leases: the claimant
+    /// watches slot 0 (the Lease named like the lock) and, once slot 0 says how many
+    /// permits the lock has, every other slot Lease too.
     pub async fn acquire(&self, lock: &str, wait: Duration) -> Result<Hold, AcquireError> {
         let started = Instant::now();
         let ticket = self.claims.ticket(lock);
@@ -210,8 +217,8 @@ impl Claimant {
         // trips in the time of one. The watch's first list comes after the claim is sent,
         // or shows no grant of ours yet; either way no grant can slip by.
         let deadline = tokio::time::Instant::from_std(started + wait);
-        let mut states = lease_states(self.store.api().clone(), lock).boxed();
-        let mut early = Vec::new();
+        let mut watches = SlotWatches::new(self.store.api().clone(), lock);
+        let (polled, mut polls) = futures::channel::mpsc::unbounded::<(u32, Option<Lease>)>();
         let setup = {
             let setup = async {
                 tokio::join!(
@@ -223,7 +230,8 @@ impl Claimant {
             loop {
                 tokio::select! {
                     done = &mut setup => break Some(done),
-                    Some(state) = states.next() => early.push(state),
+                    // Kept, in order, for after the setup.
+                    Some(state) = watches.next() => { let _ = polled.unbounded_send(state); }
                     _ = tokio::time::sleep_until(deadline) => break None,
                 }
             }
@@ -247,121 +255,132 @@ impl Claimant {
         };
         claimed?;
         let timing = terms.timing;
-        // Besides the watch, the lock Lease is read at every claim refresh: a watch whose
-        // connection died without a word (a restarted apiserver behind a proxy, a dropped
-        // network path) would otherwise hide our grant until its server-side timeout.
-        let (polled, polls) = futures::channel::mpsc::unbounded::<Option<k8s_openapi::api::coordination::v1::Lease>>();
-        let mut states = futures::stream::select(futures::stream::iter(early).chain(states), polls).boxed();
+        // Besides the watches, the slot Leases are read at every claim refresh: a watch
+        // whose connection died without a word (a restarted apiserver behind a proxy, a
+        // dropped network path) would otherwise hide our grant until its server-side
+        // timeout.
         let refresh = claim_refresh(&timing);
         // The first claim was made before the timing was known: refresh it (with its real
         // lifetime) before its provisional one can run out.
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
         let floor = self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or(0);
         let mut missed_grant = false;
-        let mut leftover: Option<tokio::time::Instant> = None;
+        let mut leftover: Option<(tokio::time::Instant, u32)> = None;
         // The latest grant whose confirmation the apiserver refused (it did not land).
         let mut unconfirmed: Option<i64> = None;
         loop {
-            tokio::select! {
+            let (slot, state) = tokio::select! {
+                biased;
                 _ = tokio::time::sleep_until(deadline) => {
                     guard.armed = false;
                     self.withdraw(lock, ticket).await;
                     return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
                 }
                 // Look at the Lease again once an earlier process's hold may be given back.
-                _ = tokio::time::sleep_until(leftover.unwrap_or(deadline)), if leftover.is_some() => {
-                    leftover = None;
-                    if let Ok(Some(lease)) = self.store.get(lock).await {
-                        let _ = polled.unbounded_send(Some(lease));
+                _ = tokio::time::sleep_until(leftover.map_or(deadline, |(at, _)| at)), if leftover.is_some() => {
+                    let slot = leftover.take().map_or(0, |(_, slot)| slot);
+                    if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
+                        let _ = polled.unbounded_send((slot, Some(lease)));
                     }
+                    continue;
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
                     self.ensure_claim(lock, &timing).await?;
                     next_refresh = tokio::time::Instant::now() + refresh;
-                    if let Ok(Some(lease)) = self.store.get(lock).await {
-                        let _ = polled.unbounded_send(Some(lease));
+                    for slot in 0..watches.watched() {
+                        if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
+                            let _ = polled.unbounded_send((slot, Some(lease)));
+                        }
                     }
+                    continue;
                 }
-                state = states.next() => {
-                    let Some(state) = state else { continue };
-                    let ours = Ours::Waiting(react::Waiting {
-                        identity: &self.identity,
-                        floor,
-                        unconfirmed,
-                        missed_grant,
-                        born: self.born,
-                        terms: &terms,
-                        now: Instant::now(),
-                    });
-                    let reaction = react::next(state.as_ref(), &ours);
-                    // No Lease (Reaction::Wait): nothing to do until it is created.
-                    let Some(lease) = state else { continue };
-                    let token = match reaction {
-                        Reaction::Confirm { token } => token,
-                        Reaction::NotGranted { acknowledge, claim_again } => {
-                            // A grant whose confirmation was refused (its Lease was replaced or
-                            // deleted under it) was never reported held: if the controller now
-                            // drains it, acknowledge at once rather than let the lock wait
-                            // out a lease duration for nothing.
-                            if let Some(token) = acknowledge {
-                                debug!(lock, token, "acknowledging the drain of a grant never confirmed");
-                                if let Err(e) = self.store.replace(&edit::released(&lease)).await {
-                                    debug!(lock, error = %e, "failed to acknowledge the drain of an unconfirmed grant");
-                                }
-                            }
-                            // A grant we could not confirm was taken back, and our claim with it:
-                            // claim again now rather than at the next refresh.
-                            missed_grant = false;
-                            if claim_again {
-                                self.ensure_claim(lock, &timing).await?;
-                                next_refresh = tokio::time::Instant::now() + refresh;
-                            }
-                            continue;
+                Some(state) = polls.next() => state,
+                Some(state) = watches.next() => state,
+            };
+            if let (0, Some(lease)) = (slot, &state) {
+                watches.watch_up_to(edit::permits(lease));
+            }
+            let ours = Ours::Waiting(react::Waiting {
+                identity: &self.identity,
+                floor,
+                unconfirmed,
+                missed_grant,
+                born: self.born,
+                terms: &terms,
+                now: Instant::now(),
+            });
+            let reaction = react::next(state.as_ref(), &ours);
+            // No Lease (Reaction::Wait): nothing to do until it is created.
+            let Some(lease) = state else { continue };
+            let token = match reaction {
+                Reaction::Confirm { token } => token,
+                Reaction::NotGranted { acknowledge, claim_again } => {
+                    // A grant whose confirmation was refused (its Lease was replaced or
+                    // deleted under it) was never reported held: if the controller now
+                    // drains it, acknowledge at once rather than let the lock wait out a
+                    // lease duration for nothing.
+                    if let Some(token) = acknowledge {
+                        debug!(lock, token, "acknowledging the drain of a grant never confirmed");
+                        if let Err(e) = self.store.replace(&edit::released(&lease)).await {
+                            debug!(lock, error = %e, "failed to acknowledge the drain of an unconfirmed grant");
                         }
-                        // A leftover hold naming us (of a lost hold, or of an earlier process
-                        // with our identity) is never reported held: it is given back so the
-                        // controller grants afresh, with a higher token — once nobody can
-                        // still believe they hold it.
-                        Reaction::GiveBackAt { token, at } => {
-                            debug!(lock, token, "an earlier process's hold: giving it back after its renew deadline");
-                            leftover = Some(tokio::time::Instant::from_std(at));
-                            continue;
-                        }
-                        Reaction::GiveBack { token } => {
-                            debug!(lock, token, "giving back a leftover hold");
-                            if let Err(e) = self.store.replace(&edit::released(&lease)).await {
-                                debug!(lock, error = %e, "failed to give back a leftover hold");
-                            }
-                            continue;
-                        }
-                        // Reactions of a holder: never given while waiting.
-                        Reaction::Wait | Reaction::Renew | Reaction::LetGo(_) => continue,
-                    };
-                    let sent = Instant::now();
-                    match self.store.replace(&edit::renewed(&lease, Timestamp::now())).await {
-                        Ok(confirmed) => {
-                            guard.armed = false;
-                            self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
-                            info!(namespace = %self.namespace(), lock, token, identity = %self.identity, "acquired");
-                            return Ok(Hold::start(
-                                self.clone(),
-                                lock,
-                                ticket,
-                                terms,
-                                hold::Confirmed { token, lease: confirmed, sent },
-                                states,
-                            ));
-                        }
-                        // The grant moved on before we confirmed it (or the Lease is being
-                        // re-created): that grant is not ours; keep waiting.
-                        Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => {
-                            debug!(lock, token, "grant changed before confirmation");
-                            missed_grant = true;
-                            unconfirmed = Some(token);
-                        }
-                        Err(e) => return Err(self.refused(lock, e)),
                     }
+                    // A grant we could not confirm was taken back, and our claim with it:
+                    // claim again now rather than at the next refresh.
+                    if claim_again {
+                        missed_grant = false;
+                        self.ensure_claim(lock, &timing).await?;
+                        next_refresh = tokio::time::Instant::now() + refresh;
+                    }
+                    continue;
                 }
+                // A leftover hold naming us (of a lost hold, or of an earlier process with
+                // our identity) is never reported held: it is given back so the controller
+                // grants afresh, with a higher token — once nobody can still believe they
+                // hold it.
+                Reaction::GiveBackAt { token, at } => {
+                    debug!(lock, token, "an earlier process's hold: giving it back after its renew deadline");
+                    leftover = Some((tokio::time::Instant::from_std(at), slot));
+                    continue;
+                }
+                Reaction::GiveBack { token } => {
+                    debug!(lock, token, "giving back a leftover hold");
+                    if let Err(e) = self.store.replace(&edit::released(&lease)).await {
+                        debug!(lock, error = %e, "failed to give back a leftover hold");
+                    }
+                    continue;
+                }
+                // Reactions of a holder: never given while waiting.
+                Reaction::Wait | Reaction::Renew | Reaction::LetGo(_) => continue,
+            };
+            let sent = Instant::now();
+            match self.store.replace(&edit::renewed(&lease, Timestamp::now())).await {
+                Ok(confirmed) => {
+                    guard.armed = false;
+                    self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
+                    info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
+                    // The rest of the grant's slot's states (later ones included, those
+                    // the refresh read), for the renewal task.
+                    let later =
+                        polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
+                    let states = futures::stream::select(later, watches.into_slot(slot)).boxed();
+                    return Ok(Hold::start(
+                        self.clone(),
+                        lock,
+                        ticket,
+                        terms,
+                        hold::Confirmed { slot, token, lease: confirmed, sent },
+                        states,
+                    ));
+                }
+                // The grant moved on before we confirmed it (or the Lease is being
+                // re-created): that grant is not ours; keep waiting.
+                Err(CasError::Conflict { .. } | CasError::NotFound { .. }) => {
+                    debug!(lock, token, "grant changed before confirmation");
+                    missed_grant = true;
+                    unconfirmed = Some(token);
+                }
+                Err(e) => return Err(self.refused(lock, e)),
             }
         }
     }
@@ -484,11 +503,21 @@ impl Claimant {
         if let Err(e) = self.delete_claim(lock).await {
             debug!(lock, error = %e, "failed to delete claim");
         }
-        if let Ok(Some(lease)) = self.store.get(lock).await
-            && edit::names_us(&lease, &self.identity)
-            && let Err(e) = self.store.replace(&edit::released(&lease)).await
-        {
-            debug!(lock, error = %e, "failed to give back an unconfirmed grant");
+        // On any slot: slot 0 says how many there are.
+        let mut slots = 1;
+        let mut slot = 0;
+        while slot < slots {
+            if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
+                if slot == 0 {
+                    slots = edit::permits(&lease);
+                }
+                if edit::names_us(&lease, &self.identity)
+                    && let Err(e) = self.store.replace(&edit::released(&lease)).await
+                {
+                    debug!(lock, slot, error = %e, "failed to give back an unconfirmed grant");
+                }
+            }
+            slot += 1;
         }
     }
 }

@@ -8,6 +8,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::{info, warn};
 
@@ -166,7 +167,7 @@ impl Renewer {
                     let current = self
                         .claimant
                         .store
-                        .get(&self.lock)
+                        .get(&self.lease.name_any())
                         .await
                         .map_err(|e| RenewFailure::Transient(e.to_string()))?;
                     let reaction = react::next(current.as_ref(), &self.ours());
@@ -268,7 +269,7 @@ impl Renewer {
             match self.claimant.store.replace(&cleared).await {
                 Ok(_) if draining => return GaveBack::Acknowledged,
                 Ok(_) => return GaveBack::Released,
-                Err(CasError::Conflict { .. }) => match self.claimant.store.get(&self.lock).await {
+                Err(CasError::Conflict { .. }) => match self.claimant.store.get(&self.lease.name_any()).await {
                     Ok(Some(current)) => lease = current,
                     Ok(None) => return GaveBack::Nothing,
                     Err(_) => return GaveBack::Unanswered,

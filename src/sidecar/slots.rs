@@ -42,6 +42,9 @@ pub struct Granted {
     pub lock: String,
     /// The fencing token to present to protected resources.
     pub fencing_token: i64,
+    /// The permit slot held (0 for a mutex; a lock with several permits has one Lease per
+    /// slot, and a resource fenced per slot checks this slot's token).
+    pub slot: u32,
     /// The holder identity (this pod).
     pub holder: String,
     /// When the hold lapses unless renewed (or kept alive): the earlier of the sidecar's
@@ -478,6 +481,7 @@ impl Slots {
             let granted = Granted {
                 lock: lock.to_owned(),
                 fencing_token: current.hold.token(),
+                slot: current.hold.slot(),
                 holder: self.claimant.identity().id.clone(),
                 expires_at: wall_after(left),
                 lease_duration_seconds: current.hold.timing().lease_duration.as_secs(),
