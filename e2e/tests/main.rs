@@ -13,6 +13,7 @@ mod drain;
 mod examples;
 mod lease;
 mod metrics;
+mod semaphore;
 mod sidecar;
 mod sidecar_api;
 mod sidecar_hold;

@@ -1,0 +1,170 @@
+//! Locks with several permits (semaphores) against the real control plane: at most
+//! `spec.permits` hold at once, each on a slot Lease of its own, the rest served in claim
+//! order as slots free up, with tokens rising across the whole lock; through the claimant
+//! API, the sidecar and `leasehold run`; and a shrink that revokes nobody.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ListParams, Patch, PatchParams};
+use leasehold::crd::{DistributedLock, DistributedLockSpec, LABEL_LOCK};
+use leasehold_harness::Supervised;
+use serde_json::json;
+
+use crate::support::watch::{until, until_gone};
+use crate::support::{Env, leasehold_bin};
+
+const LOCK: &str = "pool";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn permits(n: i32) -> DistributedLockSpec {
+    DistributedLockSpec { permits: n, ..DistributedLockSpec::default() }
+}
+
+async fn status_where(
+    env: &Env,
+    what: &str,
+    condition: impl Fn(&leasehold::crd::DistributedLockStatus) -> bool,
+) -> DistributedLock {
+    until(&env.locks(), LOCK, WAIT, what, move |l: &DistributedLock| l.status.as_ref().is_some_and(&condition)).await
+}
+
+async fn slot_lease_names(env: &Env) -> BTreeSet<String> {
+    let listed = env.leases().list(&ListParams::default().labels(&format!("{LABEL_LOCK}={LOCK}"))).await.expect("list");
+    listed.items.into_iter().filter_map(|l: Lease| l.metadata.name).collect()
+}
+
+#[tokio::test]
+async fn a_semaphore_holds_up_to_its_permits_and_serves_the_rest_in_claim_order_with_rising_tokens() {
+    let env = Env::new("sem-basic").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, permits(3)).await;
+    let pods = [env.pod("a").await, env.pod("b").await, env.pod("c").await, env.pod("d").await];
+    env.wait_claim_rbac(&pods[0]).await;
+
+    // Three hold at once, each on a slot of its own, tokens rising in grant order.
+    let mut holds = Vec::new();
+    for pod in &pods[..3] {
+        holds.push(pod.claimant(env.name()).acquire(LOCK, WAIT).await.expect("granted beside the others"));
+    }
+    let slots: BTreeSet<u32> = holds.iter().map(|h| h.slot()).collect();
+    assert_eq!(slots, BTreeSet::from([0, 1, 2]), "one slot each");
+    assert!(holds.windows(2).all(|w| w[1].token() > w[0].token()), "tokens rise across the lock");
+    assert!(holds.iter().all(|h| h.is_held()), "all three hold at once");
+    assert_eq!(slot_lease_names(&env).await, BTreeSet::from(["pool".into(), "pool.1".into(), "pool.2".into()]));
+
+    // The fourth waits; status lists every holder and the waiter.
+    let claimant_d = pods[3].claimant(env.name());
+    let waiting_d = tokio::spawn(async move { claimant_d.acquire(LOCK, Duration::from_secs(60)).await });
+    let lock =
+        status_where(&env, "three holders and one waiter", |s| s.holders.len() == 3 && s.queue_length == 1).await;
+    let status = lock.status.expect("status");
+    assert_eq!(status.held_permits.as_deref(), Some("3/3"));
+    let listed: Vec<(i32, i64)> = status.holders.iter().map(|h| (h.slot, h.fencing_token)).collect();
+    let mut expected: Vec<(i32, i64)> = holds.iter().map(|h| (h.slot() as i32, h.token())).collect();
+    expected.sort();
+    assert_eq!(listed, expected, "every holder with its slot and token");
+    assert_eq!(status.waiters.first().and_then(|w| w.pod.as_deref()), Some("d"));
+    let table = env.cp.kubectl().args(["get", "dlock", LOCK, "-n", env.name()]).output().expect("kubectl");
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert_eq!(table.lines().nth(1).and_then(|row| row.split_whitespace().nth(3)), Some("3/3"), "{table}");
+    assert!(!waiting_d.is_finished(), "d was granted beyond the permits");
+
+    // b lets go: d is granted b's slot, with a token above every earlier one.
+    let highest = holds.iter().map(|h| h.token()).max().expect("tokens");
+    let b = holds.remove(1);
+    let b_slot = b.slot();
+    assert!(b.release().await.was_held);
+    let d = waiting_d.await.expect("join").expect("d is granted once a permit frees");
+    assert_eq!(d.slot(), b_slot, "the freed slot");
+    assert!(d.token() > highest, "d's token {} is above every earlier token ({highest})", d.token());
+    assert!(holds.iter().all(|h| h.is_held()), "the others kept holding");
+    for hold in holds {
+        hold.release().await;
+    }
+    d.release().await;
+}
+
+#[tokio::test]
+async fn the_sidecar_and_leasehold_run_hold_a_permit_and_say_which() {
+    let env = Env::new("sem-shells").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, permits(2)).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+
+    let sidecar = env.sidecar(&a, &[]).await;
+    let (status, held) = sidecar.acquire(LOCK, 30.0).await;
+    assert_eq!(status, 200, "{held}");
+    let sidecar_slot = held["slot"].as_u64().expect("the answer names the slot");
+    assert!(sidecar_slot < 2, "{held}");
+
+    // `leasehold run` of another pod holds the other permit meanwhile, and tells its
+    // command which slot and token.
+    let kubeconfig = env.log_dir().join("kubeconfig-run-b");
+    env.ns.kubeconfig_for_token(&b.token, &kubeconfig).expect("kubeconfig");
+    let out = env.log_dir().join("run-b.out");
+    let mut command = Command::new(leasehold_bin());
+    command
+        .args(["run", "--lock", &format!("{}/{LOCK}", env.name()), "--wait", "30s", "--"])
+        .args(["sh", "-c", &format!("echo $LEASEHOLD_SLOT $LEASEHOLD_FENCING_TOKEN > {}", out.display())])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "warn");
+    let mut run = Supervised::spawn("run-b", command, &env.log_dir().join("run-b.log")).expect("start run");
+    let exit = run.wait_exit(Duration::from_secs(60)).await.expect("run finishes");
+    assert_eq!(exit.code(), Some(0), "{}", run.log_tail(20));
+    let written = std::fs::read_to_string(&out).expect("the command ran");
+    let fields: Vec<i64> = written.split_whitespace().map(|f| f.parse().expect("a number")).collect();
+    let [slot, token] = fields.as_slice() else { panic!("{written:?}") };
+    assert_eq!(*slot as u64, 1 - sidecar_slot, "the other permit, while the sidecar holds its own");
+    assert!(*token > held["fencingToken"].as_i64().expect("a token"), "granted after the sidecar's");
+    let (status, released) = sidecar.release(LOCK).await;
+    assert_eq!((status, released["wasHeld"].as_bool()), (200, Some(true)), "{released}");
+}
+
+#[tokio::test]
+async fn shrinking_the_permits_revokes_nobody_and_grants_again_only_below_the_new_number() {
+    let env = Env::new("sem-shrink").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, permits(3)).await;
+    let pods = [env.pod("a").await, env.pod("b").await, env.pod("c").await, env.pod("d").await];
+    env.wait_claim_rbac(&pods[0]).await;
+    let mut holds = Vec::new();
+    for pod in &pods[..3] {
+        holds.push(pod.claimant(env.name()).acquire(LOCK, WAIT).await.expect("granted"));
+    }
+    let claimant_d = pods[3].claimant(env.name());
+    let waiting_d = tokio::spawn(async move { claimant_d.acquire(LOCK, Duration::from_secs(90)).await });
+    status_where(&env, "d queued", |s| s.queue_length == 1).await;
+
+    // Down to one permit: the three holds stand, nobody is revoked.
+    let edit = json!({"spec": {"permits": 1}});
+    let edited = env.locks().patch(LOCK, &PatchParams::default(), &Patch::Merge(&edit)).await.expect("shrink");
+    let generation = edited.metadata.generation;
+    let lock = status_where(&env, "the shrink observed", move |s| s.observed_generation == generation).await;
+    let status = lock.status.expect("status");
+    assert_eq!((status.holders.len(), status.held_permits.as_deref()), (3, Some("3/1")));
+    assert_eq!(status.stats.expirations + status.stats.forced_releases, 0, "nobody revoked");
+    assert!(holds.iter().all(|h| h.is_held()));
+
+    // Two let go: one still holds, which is the new number: d still waits.
+    let last = holds.pop().expect("a hold");
+    for hold in holds {
+        assert!(hold.release().await.was_held);
+    }
+    status_where(&env, "one holder left", |s| s.holders.len() == 1 && s.stats.releases == 2).await;
+    assert!(!waiting_d.is_finished(), "d was granted while as many held as the permits");
+    assert!(last.is_held());
+
+    // The last lets go: d is granted slot 0, and the slot Leases above it go.
+    let last_token = last.token();
+    assert!(last.release().await.was_held);
+    let d = waiting_d.await.expect("join").expect("d is granted");
+    assert_eq!(d.slot(), 0);
+    assert!(d.token() > last_token);
+    until_gone(&env.leases(), "pool.1", WAIT, "slot 1's Lease deleted").await;
+    until_gone(&env.leases(), "pool.2", WAIT, "slot 2's Lease deleted").await;
+    d.release().await;
+}
