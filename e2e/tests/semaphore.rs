@@ -8,8 +8,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{ListParams, Patch, PatchParams};
-use leasehold::crd::{DistributedLock, DistributedLockSpec, LABEL_LOCK};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use leasehold::crd::{ANNOTATION_TOKEN, DistributedLock, DistributedLockSpec, LABEL_FENCED_BY, LABEL_LOCK};
 use leasehold_harness::Supervised;
 use serde_json::json;
 
@@ -167,4 +168,56 @@ async fn shrinking_the_permits_revokes_nobody_and_grants_again_only_below_the_ne
     until_gone(&env.leases(), "pool.1", WAIT, "slot 1's Lease deleted").await;
     until_gone(&env.leases(), "pool.2", WAIT, "slot 2's Lease deleted").await;
     d.release().await;
+}
+
+async fn fenced_write(env: &Env, name: &str, fenced_by: &str, token: i64) -> kube::Result<ConfigMap> {
+    let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
+    let cm = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {LABEL_FENCED_BY: fenced_by},
+                     "annotations": {ANNOTATION_TOKEN: token.to_string()}},
+        "data": {"writer": token.to_string()},
+    });
+    cms.patch(name, &PatchParams::apply("writer").force(), &Patch::Apply(&cm)).await
+}
+
+fn refused(result: kube::Result<ConfigMap>) -> String {
+    match result {
+        Err(kube::Error::Api(s)) => s.message,
+        other => panic!("the write was admitted: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_object_fenced_per_slot_takes_only_that_slots_current_token() {
+    let env = Env::new("sem-fence").await;
+    let _controller = env.webhook_controller(None, &[]).await;
+    env.lock(LOCK, permits(2)).await;
+    let pods = [env.pod("a").await, env.pod("b").await, env.pod("c").await];
+    env.wait_claim_rbac(&pods[0]).await;
+    let a = pods[0].claimant(env.name()).acquire(LOCK, WAIT).await.expect("a granted");
+    let b = pods[1].claimant(env.name()).acquire(LOCK, WAIT).await.expect("b granted");
+    let (fence_a, fence_b) = (format!("{LOCK}.{}", a.slot()), format!("{LOCK}.{}", b.slot()));
+
+    // Each holder writes the row of its slot with its token. The other's token is refused
+    // there, though it is a valid token of the lock.
+    fenced_write(&env, "row-a", &fence_a, a.token()).await.expect("a writes its slot's row");
+    fenced_write(&env, "row-b", &fence_b, b.token()).await.expect("b writes its slot's row");
+    let message = refused(fenced_write(&env, "row-a", &fence_a, b.token()).await);
+    assert!(message.contains(&fence_a), "{message}");
+
+    // a's slot changes hands: a's token is stale there at once; the new holder writes.
+    let (a_slot, a_token) = (a.slot(), a.token());
+    assert!(a.release().await.was_held);
+    let c = pods[2].claimant(env.name()).acquire(LOCK, WAIT).await.expect("c granted the freed slot");
+    assert_eq!(c.slot(), a_slot);
+    refused(fenced_write(&env, "row-a", &fence_a, a_token).await);
+    fenced_write(&env, "row-a", &fence_a, c.token()).await.expect("the slot's new holder writes");
+    fenced_write(&env, "row-b", &fence_b, b.token()).await.expect("b's slot is untouched");
+
+    // A fence naming no slot a lock can have is refused, as a lock that does not exist.
+    let message = refused(fenced_write(&env, "row-x", &format!("{LOCK}.01"), c.token()).await);
+    assert!(message.contains("pool.01"), "{message}");
+    b.release().await;
+    c.release().await;
 }

@@ -12,7 +12,7 @@ use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
 use crate::crd::{ANNOTATION_DRAINING, DistributedLock, LABEL_LOCK, LABEL_ROLE, ROLE_LOCK};
-use crate::lease::token;
+use crate::lease::{slot, token};
 
 /// What the webhooks know about a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub enum Hold {
     },
 }
 
-/// Whether `lease` is `lock`'s own lock Lease.
+/// Whether `lease` is one of `lock`'s own slot Leases.
 pub fn is_own_lease(lease: &Lease, lock: &DistributedLock) -> bool {
     let name = lock.name_any();
     let labelled = lease.labels().get(LABEL_ROLE).map(String::as_str) == Some(ROLE_LOCK)
@@ -55,15 +55,24 @@ pub fn is_own_lease(lease: &Lease, lock: &DistributedLock) -> bool {
             && o.name == name
             && Some(&o.uid) == lock.meta().uid.as_ref()
     });
-    labelled && controlled && lease.name_any() == name
+    labelled && controlled && slot::of_lease_name(&name, &lease.name_any()).is_some()
 }
 
 /// The state of `lock` given its Lease (if any).
 pub fn state(lock: &DistributedLock, lease: Option<&Lease>) -> LockState {
+    slot_state(lock, lease, false)
+}
+
+/// The state of one slot of `lock` given its slot Lease (if any). Fenced per slot
+/// (`per_slot`), the current token is the slot's own; without its Lease (the slot is gone
+/// since the lock shrank, or not made yet) it is the lock's highest, which no holder of
+/// that slot can present.
+fn slot_state(lock: &DistributedLock, lease: Option<&Lease>, per_slot: bool) -> LockState {
     let from_status = lock.status.as_ref().and_then(|s| s.fencing_token).unwrap_or(0);
     let Some(lease) = lease.filter(|l| is_own_lease(l, lock)) else {
         return LockState { token: from_status, hold: Hold::Free };
     };
+    let from_status = if per_slot { 0 } else { from_status };
     let on_lease = token::of_lease(lease);
     let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty());
     let hold = match (holder, lease.annotations().get(ANNOTATION_DRAINING), on_lease) {
@@ -74,6 +83,17 @@ pub fn state(lock: &DistributedLock, lease: Option<&Lease>) -> LockState {
         (Some(_), None, None) => Hold::Free,
     };
     LockState { token: from_status.max(on_lease.unwrap_or(0)), hold }
+}
+
+/// What an object's `leasehold.dev/fenced-by` names: a lock as a whole (`<lock>`), or
+/// one permit slot of it (`<lock>.<slot>`, slot 0 included); `None` if it can name
+/// neither.
+pub fn fenced_by(value: &str) -> Option<(&str, Option<u32>)> {
+    match value.split_once('.') {
+        None => Some((value, None)),
+        Some((lock, "0")) => Some((lock, Some(0))),
+        Some((lock, _)) => slot::of_lease_name(lock, value).map(|s| (lock, Some(s))),
+    }
 }
 
 /// Reads lock `namespace/name` and its Lease; `Ok(None)` if the lock does not exist.
@@ -87,14 +107,18 @@ pub async fn read_identified(
     namespace: &str,
     name: &str,
 ) -> Result<Option<(LockState, Option<String>)>, String> {
+    // `name` may name one slot of a lock: `<lock>.<slot>`.
+    let Some((lock_name, slot)) = fenced_by(name) else { return Ok(None) };
+    let lease_name = slot::lease_name(lock_name, slot.unwrap_or(0));
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let Some(lock) = locks.get_opt(name).await.map_err(|e| format!("cannot read lock {namespace}/{name}: {e}"))? else {
-        return Ok(None);
-    };
-    let lease =
-        leases.get_opt(name).await.map_err(|e| format!("cannot read the lock Lease {namespace}/{name}: {e}"))?;
-    Ok(Some((state(&lock, lease.as_ref()), lock.metadata.uid.clone())))
+    let read = locks.get_opt(lock_name).await.map_err(|e| format!("cannot read lock {namespace}/{lock_name}: {e}"))?;
+    let Some(lock) = read else { return Ok(None) };
+    let lease = leases
+        .get_opt(&lease_name)
+        .await
+        .map_err(|e| format!("cannot read the lock Lease {namespace}/{lease_name}: {e}"))?;
+    Ok(Some((slot_state(&lock, lease.as_ref(), slot.is_some()), lock.metadata.uid.clone())))
 }
 
 #[cfg(test)]
@@ -171,6 +195,33 @@ mod tests {
         ];
         for (lock, lease, expected) in cases {
             assert_eq!(state(&lock, lease.as_ref()), expected, "{lease:?}");
+        }
+    }
+
+    #[test]
+    fn a_slot_is_fenced_by_its_own_token_and_a_missing_slot_by_the_locks_highest() {
+        let mut slot = lease(own(), "uid-1", Some("a_1"), json!({ANNOTATION_TOKEN: "40"}));
+        slot.metadata.name = Some("orders.2".into());
+        assert!(is_own_lease(&slot, &lock(None)));
+        // The lock's status records a higher token, granted on another slot.
+        let state = slot_state(&lock(Some(55)), Some(&slot), true);
+        assert_eq!(state, LockState { token: 40, hold: Hold::Held { holder: "a_1".into(), token: 40 } });
+        // Fenced by the lock as a whole, the lock's highest token counts.
+        assert_eq!(slot_state(&lock(Some(55)), Some(&slot), false).token, 55);
+        // The slot's Lease gone: nobody presents the lock's highest token for it.
+        assert_eq!(slot_state(&lock(Some(55)), None, true), LockState { token: 55, hold: Hold::Free });
+        // A Lease named like another lock's slot is not this lock's.
+        slot.metadata.name = Some("other.2".into());
+        assert!(!is_own_lease(&slot, &lock(None)));
+    }
+
+    #[test]
+    fn fenced_by_names_a_lock_or_one_of_its_slots_in_one_spelling() {
+        assert_eq!(fenced_by("orders"), Some(("orders", None)));
+        assert_eq!(fenced_by("orders.0"), Some(("orders", Some(0))));
+        assert_eq!(fenced_by("orders.3"), Some(("orders", Some(3))));
+        for bad in ["orders.00", "orders.03", "orders.x", "orders.", "orders.64", "orders.-1"] {
+            assert_eq!(fenced_by(bad), None, "{bad}");
         }
     }
 }
