@@ -1,6 +1,6 @@
 //! `leasehold_controller_oldest_hold_seconds`: the age of the oldest current hold over all
 //! locks, computed at scrape time from the DistributedLock cache (each lock's
-//! `status.holder.acquiredAt`, written by the controller at the grant) — no apiserver
+//! holders' `acquiredAt`, written by the controller at the grant) — no apiserver
 //! reads, and no series per lock.
 
 use jiff::Timestamp;
@@ -30,7 +30,8 @@ impl Collector for OldestHold {
             .locks
             .state()
             .into_iter()
-            .filter_map(|lock| lock.status.as_ref()?.holder.as_ref().map(|h| h.acquired_at.0))
+            .filter_map(|lock| lock.status.clone())
+            .flat_map(|status| super::status::listed(&status).into_iter().map(|h| h.acquired_at.0).collect::<Vec<_>>())
             .collect::<Vec<_>>();
         let gauge = ConstGauge::new(oldest_hold_seconds(acquired, Timestamp::now()));
         gauge.encode(encoder.encode_descriptor(
