@@ -53,6 +53,9 @@ pub const ANNOTATION_MAX_HOLD: &str = "leasehold.dev/max-hold-seconds";
 /// revoked token. `holderIdentity` keeps naming the revoked holder until it acknowledges
 /// (clears it) or the drain times out; nobody else is granted meanwhile.
 pub const ANNOTATION_DRAINING: &str = "leasehold.dev/draining";
+/// On a slot Lease granted to a writer: `Write` (every permit is its).
+/// Written only by the controller.
+pub const ANNOTATION_MODE: &str = "leasehold.dev/mode";
 /// On a lock's slot 0 Lease: the lock's permits, when more than one (claimants watch that
 /// many slot Leases). Written only by the controller.
 pub const ANNOTATION_PERMITS: &str = "leasehold.dev/permits";
@@ -203,6 +206,26 @@ pub enum Fairness {
     None,
 }
 
+/// How a claimant holds a lock with several permits.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ClaimMode {
+    /// One permit, shared with other readers (a semaphore's every claimant).
+    #[default]
+    Read,
+    /// Every permit: exclusive.
+    Write,
+}
+
+impl ClaimMode {
+    /// The mode's name, as written in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimMode::Read => "Read",
+            ClaimMode::Write => "Write",
+        }
+    }
+}
+
 /// Observed state of a lock, written only by the controller.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -261,6 +284,9 @@ pub struct HolderStatus {
     /// The permit slot held: its Lease is `<lock>` for slot 0, `<lock>.<slot>` else.
     #[serde(default)]
     pub slot: i32,
+    /// `Write` for a writer (holding every permit); absent for a reader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ClaimMode>,
     /// The holder's Pod, when it runs in one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
@@ -287,6 +313,9 @@ pub struct WaiterStatus {
     /// The claimant's Pod, when it runs in one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// `Write` for a writer; absent for a reader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ClaimMode>,
     /// When the claim was made.
     pub since: Time,
 }
@@ -373,6 +402,11 @@ pub struct LockClaimSpec {
     /// The DistributedLock claimed (in the claim's namespace).
     #[schemars(length(min = 1, max = 63))]
     pub lock: String,
+    /// `Read` (the default): one permit, beside other readers. `Write`: every permit —
+    /// nobody else holds meanwhile, and the grant's token is above every token before it.
+    /// On a mutex both are the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ClaimMode>,
     /// The claimant identity: `<pod>_<pod-uid>` for a Pod, else `<username>/<suffix>`.
     #[schemars(length(min = 1, max = 512))]
     pub claimant: String,

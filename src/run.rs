@@ -34,7 +34,7 @@ use tracing::{info, warn};
 
 use crate::boottime::{self, BootTimer};
 use crate::claim::{AcquireError, Claimant, Hold, HoldStatus};
-use crate::crd::MANAGER_CLI;
+use crate::crd::{ClaimMode, MANAGER_CLI};
 use crate::duration::parse_duration;
 use crate::lease::Identity;
 use channel::Message;
@@ -97,6 +97,10 @@ pub struct Config {
     /// lock can be granted again.
     #[arg(long, value_parser = parse_duration)]
     pub grace: Option<Duration>,
+    /// `read` (the default): hold one permit of the lock, beside other readers; `write`:
+    /// hold every permit, alone (on a mutex they are the same).
+    #[arg(long, default_value = "read", value_parser = parse_mode)]
+    pub mode: ClaimMode,
     /// The command to run, after `--`.
     #[arg(required = true, last = true)]
     pub command: Vec<String>,
@@ -106,6 +110,15 @@ impl Config {
     /// How long to wait for the grant.
     pub fn acquire_wait(&self) -> Duration {
         if self.try_lock { TRY_WAIT } else { self.wait.max(TRY_WAIT) }
+    }
+}
+
+/// `--mode`: `read` or `write`.
+fn parse_mode(value: &str) -> Result<ClaimMode, String> {
+    match value {
+        "read" => Ok(ClaimMode::Read),
+        "write" => Ok(ClaimMode::Write),
+        other => Err(format!("--mode {other:?}: expected read or write")),
     }
 }
 
@@ -191,7 +204,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     let acquired = tokio::select! {
         _ = shutdown.cancelled() => return Ok(EXIT_INTERRUPTED),
-        acquired = claimant.acquire(lock, config.acquire_wait()) => acquired,
+        acquired = claimant.acquire_in(lock, config.acquire_wait(), config.mode) => acquired,
     };
     let hold = match acquired {
         Ok(hold) => hold,

@@ -1,7 +1,8 @@
-//! Locks with several permits (semaphores) against the real control plane: at most
-//! `spec.permits` hold at once, each on a slot Lease of its own, the rest served in claim
-//! order as slots free up, with tokens rising across the whole lock; through the claimant
-//! API, the sidecar and `leasehold run`; and a shrink that revokes nobody.
+//! Locks with several permits (semaphores, read-write locks) against the real control
+//! plane: at most `spec.permits` hold at once, each on a slot Lease of its own, the rest
+//! served in claim order as slots free up, with tokens rising across the whole lock; a
+//! writer holds every permit alone; through the claimant API, the sidecar and
+//! `leasehold run`; fenced per slot; and a shrink that revokes nobody.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use leasehold::crd::{ANNOTATION_TOKEN, DistributedLock, DistributedLockSpec, LABEL_FENCED_BY, LABEL_LOCK};
+use leasehold::crd::{ANNOTATION_TOKEN, ClaimMode, DistributedLock, DistributedLockSpec, LABEL_FENCED_BY, LABEL_LOCK};
 use leasehold_harness::Supervised;
 use serde_json::json;
 
@@ -220,4 +221,71 @@ async fn an_object_fenced_per_slot_takes_only_that_slots_current_token() {
     assert!(message.contains("pool.01"), "{message}");
     b.release().await;
     c.release().await;
+}
+
+#[tokio::test]
+async fn a_writer_holds_every_permit_alone_and_readers_that_queued_behind_it_wait_for_it() {
+    let env = Env::new("sem-rw").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, permits(3)).await;
+    let [r1, r2, w, r3, w2] =
+        [env.pod("r1").await, env.pod("r2").await, env.pod("w").await, env.pod("r3").await, env.pod("w2").await];
+    env.wait_claim_rbac(&r1).await;
+    let reader_1 = r1.claimant(env.name()).acquire_in(LOCK, WAIT, ClaimMode::Read).await.expect("r1 reads");
+    let reader_2 = r2.claimant(env.name()).acquire(LOCK, WAIT).await.expect("r2 reads beside r1");
+
+    // A writer queues, then a reader behind it: both wait, though a permit is free.
+    let claimant_w = w.claimant(env.name());
+    let writing =
+        tokio::spawn(async move { claimant_w.acquire_in(LOCK, Duration::from_secs(60), ClaimMode::Write).await });
+    until(&env.claims(), &w.identity().claim_name(LOCK), WAIT, "the writer's claim", |_| true).await;
+    let claimant_r3 = r3.claimant(env.name());
+    let reading = tokio::spawn(async move { claimant_r3.acquire(LOCK, Duration::from_secs(90)).await });
+    let lock = status_where(&env, "two readers, a writer and a reader waiting", |s| {
+        s.holders.len() == 2 && s.queue_length == 2
+    })
+    .await;
+    let status = lock.status.expect("status");
+    let waiting: Vec<(Option<&str>, Option<ClaimMode>)> =
+        status.waiters.iter().map(|w| (w.pod.as_deref(), w.mode)).collect();
+    assert_eq!(waiting, [(Some("w"), Some(ClaimMode::Write)), (Some("r3"), None)]);
+    assert!(!writing.is_finished() && !reading.is_finished(), "granted beside the readers");
+
+    // The readers leave: the writer alone, on slot 0, above every earlier token.
+    let highest = reader_1.token().max(reader_2.token());
+    assert!(reader_1.release().await.was_held && reader_2.release().await.was_held);
+    let writer = writing.await.expect("join").expect("the writer is granted once the readers are gone");
+    assert_eq!(writer.slot(), 0);
+    assert!(writer.token() > highest, "a write grant's token is above every token before it");
+    let lock =
+        status_where(&env, "the writer holding, r3 waiting", |s| s.holders.len() == 1 && s.queue_length == 1).await;
+    let holder = &lock.status.expect("status").holders[0];
+    assert_eq!((holder.pod.as_deref(), holder.mode, holder.slot), (Some("w"), Some(ClaimMode::Write), 0));
+    assert!(!reading.is_finished(), "a reader beside the writer");
+
+    // The writer leaves: r3 reads. `leasehold run --mode write` then waits for r3.
+    let writer_token = writer.token();
+    assert!(writer.release().await.was_held);
+    let reader_3 = reading.await.expect("join").expect("r3 reads once the writer is gone");
+    assert!(reader_3.token() > writer_token);
+    let kubeconfig = env.log_dir().join("kubeconfig-run-w2");
+    env.ns.kubeconfig_for_token(&w2.token, &kubeconfig).expect("kubeconfig");
+    let out = env.log_dir().join("run-w2.out");
+    let mut command = Command::new(leasehold_bin());
+    command
+        .args(["run", "--mode", "write", "--lock", &format!("{}/{LOCK}", env.name()), "--wait", "60s", "--"])
+        .args(["sh", "-c", &format!("echo $LEASEHOLD_SLOT $LEASEHOLD_FENCING_TOKEN > {}", out.display())])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "warn");
+    let mut run = Supervised::spawn("run-w2", command, &env.log_dir().join("run-w2.log")).expect("start run");
+    status_where(&env, "the run queued behind r3", |s| s.queue_length == 1).await;
+    assert!(!out.exists(), "the writer's command ran beside a reader");
+    let r3_token = reader_3.token();
+    assert!(reader_3.release().await.was_held);
+    let exit = run.wait_exit(Duration::from_secs(60)).await.expect("run finishes");
+    assert_eq!(exit.code(), Some(0), "{}", run.log_tail(20));
+    let written = std::fs::read_to_string(&out).expect("the command ran");
+    let fields: Vec<i64> = written.split_whitespace().map(|f| f.parse().expect("a number")).collect();
+    assert_eq!(fields.first(), Some(&0), "a writer holds slot 0: {written:?}");
+    assert!(fields.get(1).is_some_and(|t| *t > r3_token), "{written:?}");
 }

@@ -6,7 +6,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 
 use crate::crd::{
-    ANNOTATION_DRAINING, ANNOTATION_REVOKED, LABEL_LOCK, LABEL_ROLE, LockClaim, LockClaimSpec, ROLE_LOCK,
+    ANNOTATION_DRAINING, ANNOTATION_REVOKED, ClaimMode, LABEL_LOCK, LABEL_ROLE, LockClaim, LockClaimSpec, ROLE_LOCK,
 };
 use crate::lease::{Identity, token};
 
@@ -36,8 +36,15 @@ pub fn lock_claim(lock: &str, identity: &Identity, ttl_seconds: i32, now: Timest
             request_time: MicroTime(now),
             renew_time: MicroTime(now),
             ttl_seconds,
+            mode: None,
         },
     }
+}
+
+/// `claim`, asking for `mode` (`Read`, the default, is left unwritten).
+pub fn with_mode(mut claim: LockClaim, mode: ClaimMode) -> LockClaim {
+    claim.spec.mode = (mode == ClaimMode::Write).then_some(mode);
+    claim
 }
 
 /// The claim refreshed at `now`, living `ttl_seconds` from there.

@@ -33,7 +33,7 @@ pub use hold::{Hold, HoldEvent, HoldStatus, ReleaseOutcome};
 pub use react::{Ours, Reaction};
 pub use watch::{SlotWatches, lease_states};
 
-use crate::crd::{DistributedLock, LockClaim};
+use crate::crd::{ClaimMode, DistributedLock, LockClaim};
 use crate::lease::{
     CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code, slot,
 };
@@ -210,6 +210,12 @@ impl Claimant {
     /// watches slot 0 (the Lease named like the lock) and, once slot 0 says how many
     /// permits the lock has, every other slot Lease too.
     pub async fn acquire(&self, lock: &str, wait: Duration) -> Result<Hold, AcquireError> {
+        self.acquire_in(lock, wait, ClaimMode::Read).await
+    }
+
+    /// [`Claimant::acquire`] in `mode`: `Read` holds one permit beside other readers,
+    /// `Write` every permit (on a mutex they are the same).
+    pub async fn acquire_in(&self, lock: &str, wait: Duration, mode: ClaimMode) -> Result<Hold, AcquireError> {
         let started = Instant::now();
         let ticket = self.claims.ticket(lock);
         let mut guard = Withdraw { claimant: self.clone(), lock: lock.to_owned(), ticket, armed: true };
@@ -223,7 +229,7 @@ impl Claimant {
             let setup = async {
                 tokio::join!(
                     self.retrying(deadline, || self.terms(lock)),
-                    self.retrying(deadline, || self.claim_anew(lock))
+                    self.retrying(deadline, || self.claim_anew(lock, mode))
                 )
             };
             tokio::pin!(setup);
@@ -285,7 +291,7 @@ impl Claimant {
                     continue;
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
-                    self.ensure_claim(lock, &timing).await?;
+                    self.ensure_claim(lock, &timing, mode).await?;
                     next_refresh = tokio::time::Instant::now() + refresh;
                     for slot in 0..watches.watched() {
                         if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
@@ -329,7 +335,7 @@ impl Claimant {
                     // claim again now rather than at the next refresh.
                     if claim_again {
                         missed_grant = false;
-                        self.ensure_claim(lock, &timing).await?;
+                        self.ensure_claim(lock, &timing, mode).await?;
                         next_refresh = tokio::time::Instant::now() + refresh;
                     }
                     continue;
@@ -412,12 +418,13 @@ impl Claimant {
     /// from an earlier acquisition (its delete failed: the apiserver was unreachable) is
     /// replaced, never reused: reused, it would keep its old place at the head of the
     /// queue, and a claimant that acquires again and again would never let the others in.
-    async fn claim_anew(&self, lock: &str) -> Result<(), AcquireError> {
+    async fn claim_anew(&self, lock: &str, mode: ClaimMode) -> Result<(), AcquireError> {
         let ttl = i32::try_from(DEFAULT_CLAIM_TTL.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
         let _writing = self.claims.write(lock).await;
         for _ in 0..3 {
-            match self.claim_store.create(&edit::lock_claim(lock, &self.identity, ttl, Timestamp::now())).await {
+            let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+            match self.claim_store.create(&claim).await {
                 Ok(created) => {
                     debug!(lock, claim = %name, "claimed");
                     self.claims.set_uid(lock, created.metadata.uid);
@@ -436,7 +443,7 @@ impl Claimant {
     /// Refreshes our claim on `lock` with its real lifetime (compare-and-swap), or creates
     /// it again if it is gone (the controller dropped it, or a grant we could not confirm
     /// took it along) or is not ours (squatted: replaced).
-    async fn ensure_claim(&self, lock: &str, timing: &Timing) -> Result<(), AcquireError> {
+    async fn ensure_claim(&self, lock: &str, timing: &Timing, mode: ClaimMode) -> Result<(), AcquireError> {
         let ttl = claim_ttl(timing);
         let ttl = i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
@@ -446,7 +453,10 @@ impl Claimant {
         for _ in 0..3 {
             let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
             let written = match existing {
-                None => self.claim_store.create(&edit::lock_claim(lock, &self.identity, ttl, Timestamp::now())).await,
+                None => {
+                    let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+                    self.claim_store.create(&claim).await
+                }
                 Some(claim) if !edit::is_our_claim(&claim, lock, &self.identity) => {
                     warn!(lock, claim = %name, claimant = %claim.spec.claimant, "replacing a claim made in our name by someone else");
                     let uid = claim.metadata.uid.clone().unwrap_or_default();

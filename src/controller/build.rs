@@ -7,8 +7,8 @@ use kube::{Resource, ResourceExt};
 
 use super::view::Claim;
 use crate::crd::{
-    ANNOTATION_CLAIM, ANNOTATION_DRAINING, ANNOTATION_PERMITS, ANNOTATION_REVOKED, ANNOTATION_TOKEN, DistributedLock,
-    LABEL_LOCK, LABEL_ROLE, MANAGED_LABELS, ROLE_LOCK,
+    ANNOTATION_CLAIM, ANNOTATION_DRAINING, ANNOTATION_MODE, ANNOTATION_PERMITS, ANNOTATION_REVOKED, ANNOTATION_TOKEN,
+    ClaimMode, DistributedLock, LABEL_LOCK, LABEL_ROLE, MANAGED_LABELS, ROLE_LOCK,
 };
 use crate::lease::{GrantedTiming, granted};
 
@@ -100,6 +100,10 @@ pub fn granted(
     let annotations = lease.annotations_mut();
     annotations.insert(ANNOTATION_CLAIM.into(), claim.name.clone());
     annotations.remove(ANNOTATION_DRAINING);
+    match claim.mode {
+        ClaimMode::Write => annotations.insert(ANNOTATION_MODE.into(), ClaimMode::Write.as_str().into()),
+        ClaimMode::Read => annotations.remove(ANNOTATION_MODE),
+    };
     match revoked {
         Some(reason) => annotations.insert(ANNOTATION_REVOKED.into(), reason.into()),
         None => annotations.remove(ANNOTATION_REVOKED),
@@ -169,6 +173,7 @@ mod tests {
     fn claim(id: &str) -> Claim {
         let t = Timestamp::from_second(5).expect("valid");
         Claim {
+            mode: crate::crd::ClaimMode::Read,
             name: format!("orders.{id}"),
             uid: "c1".into(),
             resource_version: "9".into(),

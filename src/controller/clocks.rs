@@ -43,6 +43,7 @@ mod tests {
 
     fn hold(token: i64, renewed_s: i64) -> LeaseHold {
         LeaseHold {
+            mode: crate::crd::ClaimMode::Read,
             identity: Identity::parse("w"),
             token: Some(token),
             acquire_time: None,

@@ -32,7 +32,8 @@ use super::status::{Granted, Outcome, Ready, SlotHold};
 use super::view::{self, Claim, LeaseDrain, LeaseHold, LeaseState};
 use super::{build, serve};
 use crate::crd::{
-    ANNOTATION_PERMITS, DistributedLock, DistributedLockStatus, ForceRelease, ForceReleaseEntry, ForceReleaseRequest,
+    ANNOTATION_PERMITS, ClaimMode, DistributedLock, DistributedLockStatus, ForceRelease, ForceReleaseEntry,
+    ForceReleaseRequest,
 };
 use crate::lease::{GrantedTiming, Identity, RevokeReason, granted, token};
 
@@ -503,8 +504,16 @@ fn serving_state(inputs: &decide::Inputs, state: &LeaseState) -> serve::Slot {
     let probe = decide::Inputs { waiting: 1, ..inputs.clone() };
     match (decide::decide(&probe), state) {
         (Decision::Grant { .. }, _) => serve::Slot::Free,
-        (_, LeaseState::Held(_)) => serve::Slot::Held(serve::Mode::Shared),
+        (_, LeaseState::Held(h)) => serve::Slot::Held(mode(h.mode)),
         _ => serve::Slot::Draining,
+    }
+}
+
+/// How serving sees a claim's mode: a writer is exclusive.
+fn mode(mode: ClaimMode) -> serve::Mode {
+    match mode {
+        ClaimMode::Read => serve::Mode::Shared,
+        ClaimMode::Write => serve::Mode::Exclusive,
     }
 }
 
@@ -624,7 +633,7 @@ pub fn plan(o: &Observation) -> Plan {
         })
         .collect();
     let slots: Vec<serve::Slot> = cases.iter().map(|c| serving_state(&inputs(c, running, 1), &c.state)).collect();
-    let modes: Vec<serve::Mode> = serveable.iter().map(|_| serve::Mode::Shared).collect();
+    let modes: Vec<serve::Mode> = serveable.iter().map(|w| mode(w.claim.mode)).collect();
     let served = serve::serve(&slots, permits(o.lock) as usize, o.lock.spec.fairness, &modes);
 
     let mut plan = Plan { stale, track_holder: true, ..Plan::empty() };

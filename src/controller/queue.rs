@@ -21,6 +21,7 @@ mod tests {
 
     fn claim(name: &str, created_s: i64, requested_us: i64) -> Claim {
         Claim {
+            mode: crate::crd::ClaimMode::Read,
             name: name.into(),
             uid: format!("uid-{name}"),
             resource_version: "1".into(),

@@ -403,6 +403,7 @@ mod tests {
         // Shrunk to 1 while slot 2 is still held: its holder must still renew and release.
         semaphore.spec.permits = 1;
         let held = |slot| crate::crd::HolderStatus {
+            mode: None,
             identity: "w".into(),
             slot,
             pod: None,

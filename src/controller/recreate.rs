@@ -98,6 +98,7 @@ mod tests {
     fn status(holder: &str, token: i64, lease_seconds: i64) -> HolderStatus {
         let renewed = Timestamp::from_second(1_000).unwrap();
         HolderStatus {
+            mode: None,
             slot: 0,
             identity: holder.into(),
             pod: None,

@@ -7,7 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::view::{Claim, LeaseDrain, LeaseHold};
 use crate::crd::{
-    DistributedLockStatus, ForceRelease, ForceReleaseEntry, HolderStatus, WaiterStatus, defaults::MAX_LISTED_WAITERS,
+    ClaimMode, DistributedLockStatus, ForceRelease, ForceReleaseEntry, HolderStatus, WaiterStatus,
+    defaults::MAX_LISTED_WAITERS,
 };
 use crate::crd_force::limits::HISTORY;
 use crate::lease::RevokeReason;
@@ -148,6 +149,7 @@ fn holder_status(h: &SlotHold, previous: Option<&HolderStatus>, granted: Option<
     HolderStatus {
         identity: hold.identity.id.clone(),
         slot,
+        mode: (hold.mode == ClaimMode::Write).then_some(ClaimMode::Write),
         pod: hold.identity.pod.as_ref().map(|p| p.name.clone()),
         fencing_token: token,
         acquired_at: Time(acquired),
@@ -227,6 +229,7 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
             .map(|c| WaiterStatus {
                 identity: c.identity.id.clone(),
                 pod: c.identity.pod.as_ref().map(|p| p.name.clone()),
+                mode: (c.mode == ClaimMode::Write).then_some(ClaimMode::Write),
                 since: Time(c.requested),
             })
             .collect(),
@@ -254,6 +257,7 @@ mod tests {
 
     fn hold(pod: &str, token: i64) -> LeaseHold {
         LeaseHold {
+            mode: crate::crd::ClaimMode::Read,
             identity: Identity::for_pod(pod, UID),
             token: Some(token),
             acquire_time: Some(ts(100)),
@@ -265,6 +269,7 @@ mod tests {
 
     fn waiter(pod: &str, since: i64) -> Claim {
         Claim {
+            mode: crate::crd::ClaimMode::Read,
             name: format!("lock.{pod}"),
             uid: pod.into(),
             resource_version: "1".into(),

@@ -9,7 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 
 use crate::claim::edit;
-use crate::crd::{ANNOTATION_CLAIM, ANNOTATION_REVOKED, LABEL_LOCK, LABEL_ROLE, LockClaim, ROLE_LOCK};
+use crate::crd::{
+    ANNOTATION_CLAIM, ANNOTATION_MODE, ANNOTATION_REVOKED, ClaimMode, LABEL_LOCK, LABEL_ROLE, LockClaim, ROLE_LOCK,
+};
 use crate::lease::{Identity, token};
 
 /// Whose a Lease with a lock's name is.
@@ -65,6 +67,8 @@ pub struct LeaseHold {
     pub confirmed: bool,
     /// The holder's LockClaim name, as recorded at grant.
     pub claim: Option<String>,
+    /// Granted to a reader or to a writer.
+    pub mode: ClaimMode,
 }
 
 /// A revoked hold being drained.
@@ -116,7 +120,16 @@ pub fn lease_hold(lease: &Lease) -> Option<LeaseHold> {
         renew_time: spec.renew_time.clone(),
         confirmed: edit::is_confirmed(lease),
         claim: lease.annotations().get(ANNOTATION_CLAIM).cloned(),
+        mode: mode_of(lease),
     })
+}
+
+/// The mode a slot Lease was granted in: `Write` only when it says so.
+pub fn mode_of(lease: &Lease) -> ClaimMode {
+    match lease.annotations().get(ANNOTATION_MODE).map(String::as_str) {
+        Some("Write") => ClaimMode::Write,
+        _ => ClaimMode::Read,
+    }
 }
 
 /// A LockClaim as the queue sees it.
@@ -138,6 +151,8 @@ pub struct Claim {
     pub renew_time: Option<MicroTime>,
     /// How long it lives without refresh (its `ttlSeconds`, capped).
     pub ttl: Duration,
+    /// What it asks for.
+    pub mode: ClaimMode,
 }
 
 /// Reads a LockClaim of `lock`, its TTL capped at `ttl_cap`; `None` if it is not a
@@ -172,6 +187,7 @@ pub fn claim(object: &LockClaim, lock: &str, ttl_cap: Duration) -> Option<Claim>
         requested: spec.request_time.0.clamp(created, latest),
         renew_time: Some(spec.renew_time.clone()),
         ttl,
+        mode: spec.mode.unwrap_or_default(),
     })
 }
 

@@ -173,6 +173,7 @@ impl Env {
             request_time: now.clone(),
             renew_time: now,
             ttl_seconds: 30,
+            mode: None,
         };
         let claim = LockClaim::new("probe.x", spec);
         leasehold_harness::eventually("the claim guard denies", Duration::from_secs(30), || async {

@@ -239,6 +239,7 @@ fn claim(lock: &str, name: &str, claimant: &str, pod: Option<&str>) -> LockClaim
         request_time: now.clone(),
         renew_time: now,
         ttl_seconds: 45,
+        mode: None,
     };
     let mut claim = LockClaim::new(name, spec);
     claim.labels_mut().insert(LABEL_LOCK.into(), lock.into());

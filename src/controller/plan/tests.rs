@@ -8,6 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 
 use super::*;
 use crate::claim::edit;
+use crate::crd::ClaimMode;
 use crate::crd::{
     ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_BY, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLockSpec,
 };
@@ -34,6 +35,7 @@ fn lease_duration() -> Duration {
 fn claim(who: &str, created_s: i64) -> Claim {
     let t = Timestamp::from_second(created_s).expect("valid");
     Claim {
+        mode: crate::crd::ClaimMode::Read,
         name: format!("orders.u-{who}"),
         uid: format!("uid-{who}"),
         resource_version: "1".into(),
@@ -454,4 +456,45 @@ fn slot_zero_records_the_permits_for_claimants_to_watch() {
     assert_eq!(write_of(&plan), LeaseWrite::Keep);
     // A mutex records none.
     assert!(free().annotations().get(crate::crd::ANNOTATION_PERMITS).is_none());
+}
+
+fn writer(who: &str, created_s: i64) -> Waiting {
+    let mut w = waiting(who, created_s, Some(true));
+    w.claim.mode = ClaimMode::Write;
+    w
+}
+
+#[test]
+fn a_writer_holds_every_permit_alone_and_readers_behind_it_wait_for_it() {
+    let lock = semaphore(3);
+    // A reader holds: the writer at the head waits, and so does the reader behind it,
+    // though two slots are free.
+    let leases = [slot_lease(&lock, 0, Some(("r1", TOKEN))), slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
+    let plan = super::plan(&slots_observation(&lock, &leases, vec![writer("w", 2), waiting("r2", 3, Some(true))]));
+    assert!(plan.grants.is_empty(), "{:?}", plan.grants);
+    assert_eq!(names(&status(&plan).waiters), ["orders.u-w", "orders.u-r2"]);
+
+    // All free: the writer is granted slot 0, marked as a writer, with a token above every
+    // earlier one; the reader behind it waits.
+    let leases = [slot_lease(&lock, 0, None), slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
+    let plan = super::plan(&slots_observation(&lock, &leases, vec![writer("w", 2), waiting("r2", 3, Some(true))]));
+    assert_eq!(granted_slots(&plan), [(0, "orders.u-w")]);
+    assert!(plan.grants[0].token > TOKEN);
+    let LeaseWrite::Replace(written) = write_of(&plan) else { panic!("slot 0 written") };
+    assert_eq!(view::mode_of(&written), ClaimMode::Write);
+    assert_eq!(names(&status(&plan).waiters), ["orders.u-r2"]);
+
+    // While the writer holds, no reader is granted a free slot.
+    let held_by_writer = view::lease_state(&written);
+    assert!(matches!(held_by_writer, LeaseState::Held(ref h) if h.mode == ClaimMode::Write));
+    let leases = [*written, slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
+    let claims = vec![writer("w", 2), waiting("r2", 3, Some(true))];
+    let plan = super::plan(&slots_observation(&lock, &leases, claims));
+    assert!(plan.grants.is_empty(), "a reader beside a writer: {:?}", plan.grants);
+
+    // Readers ahead of a writer are served; the writer waits behind them.
+    let leases = [slot_lease(&lock, 0, None), slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
+    let claims = vec![waiting("r1", 1, Some(true)), writer("w", 2), waiting("r2", 3, Some(true))];
+    let plan = super::plan(&slots_observation(&lock, &leases, claims));
+    assert_eq!(granted_slots(&plan), [(0, "orders.u-r1")]);
 }
