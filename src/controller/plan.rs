@@ -17,6 +17,7 @@
 
 mod settle;
 mod setup;
+mod slots;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,20 +26,17 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::decide::{self, Blocked, Current, Decision, DrainState, HolderState, Tokens};
+use super::decide::{Blocked, Current, DrainState, HolderState, Tokens};
 use super::force::{self, Target};
 use super::requests::HoldView;
 use super::status::{Granted, Outcome, Ready, SlotHold};
 use super::view::{self, Claim, LeaseDrain, LeaseHold, LeaseState};
-use super::{build, serve};
-use crate::crd::{
-    ANNOTATION_PERMITS, ClaimMode, DistributedLock, DistributedLockStatus, ForceRelease, ForceReleaseEntry,
-    ForceReleaseRequest,
-};
+use crate::crd::{DistributedLock, DistributedLockStatus, ForceRelease, ForceReleaseEntry, ForceReleaseRequest};
 use crate::lease::{GrantedTiming, Identity, RevokeReason, granted, token};
 
 pub use settle::{Judgement, RequestUpdate};
 pub use setup::{Setup, setup};
+use slots::{SlotCase, decide_slots};
 
 /// How often a lock that cannot be granted (a foreign Lease with its name, a tampered or
 /// exhausted token) is looked at again: a foreign Lease carries no labels of ours, so its
@@ -392,131 +390,6 @@ fn first_write(o: &Observation, annotation: Option<&force::Request>, held: Optio
     (request.target == Target::Unstamped).then(|| First::Stamp(force::target_of(held.and_then(|h| h.token))))
 }
 
-/// What one slot's decision comes to.
-enum SlotPlan {
-    /// This write (`None`: none).
-    Write(Option<Box<Lease>>),
-    /// Delete the slot Lease.
-    Delete,
-    /// Nothing can be granted: the whole plan is the not-ready plan.
-    Blocked(Blocked),
-}
-
-/// One slot, as the plan goes through it.
-struct SlotCase<'o, 'a> {
-    view: &'o SlotView<'a>,
-    state: LeaseState,
-    current: Current,
-    terms: GrantedTiming,
-}
-
-/// Carries out `decision` on one slot into `plan`: the grants, revocations and drains it
-/// makes, and the slot's write.
-fn carry_out(
-    o: &Observation,
-    case: &SlotCase,
-    decision: &Decision,
-    head: Option<&Claim>,
-    force: Option<&force::Request>,
-    plan: &mut Plan,
-) -> SlotPlan {
-    let (slot, lease) = (case.view.slot, case.view.lease);
-    let spec_terms = GrantedTiming::of_spec(&o.lock.spec);
-    let drained = match &case.state {
-        LeaseState::Draining(d) => Some(Drained { slot, token: d.revoked, acknowledged: d.holder.is_none() }),
-        _ => None,
-    };
-    let revoked = |revocation: &decide::Revocation, raised_to: i64, drain_from: Option<Duration>| {
-        let LeaseState::Held(h) = &case.state else { unreachable!("only a granted hold is revoked") };
-        Revoked {
-            slot,
-            reason: revocation.reason,
-            token: revocation.token,
-            raised_to,
-            holder: h.identity.clone(),
-            claim: o.claims.iter().find(|w| w.claim.identity == h.identity).map(|w| w.claim.clone()),
-            drain_from,
-            force: force.cloned().filter(|_| revocation.reason == RevokeReason::Forced),
-        }
-    };
-    let written = match decision {
-        Decision::Blocked(blocked) => return SlotPlan::Blocked(blocked.clone()),
-        Decision::DeleteLease => {
-            plan.drained.extend(drained);
-            return SlotPlan::Delete;
-        }
-        Decision::Keep { recheck } => {
-            plan.recheck = [plan.recheck, *recheck].into_iter().flatten().min();
-            None
-        }
-        Decision::Grant { token, revoked: revocation } => {
-            let head = head.expect("a grant serves a waiter");
-            let reason = revocation.as_ref().map(|r| r.reason.as_str());
-            let written = build::granted(lease, head, *token, &spec_terms, o.wall, reason);
-            // From the holder's release (the Lease's last renewal) to this grant; none
-            // after a drain.
-            let handoff_ms = match (&case.current, revocation) {
-                (Current::Free, None) => lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.renew_time.as_ref())
-                    .map(|t| o.wall.duration_since(t.0).as_millis().max(0) as i64),
-                (Current::Draining(_), _) => None,
-                _ => Some(0),
-            };
-            let waited_seconds = o.wall.duration_since(head.requested).as_secs_f64().max(0.0);
-            plan.grants.push(Grant { slot, claim: head.clone(), token: *token, waited_seconds, handoff_ms });
-            plan.revocations.extend(revocation.as_ref().map(|r| revoked(r, *token, None)));
-            plan.drained.extend(drained);
-            plan.recheck = [plan.recheck, Some(o.confirm_timeout)].into_iter().flatten().min();
-            Some(written)
-        }
-        Decision::Revoke { revocation, raise_to } => {
-            plan.revocations.push(revoked(revocation, *raise_to, None));
-            Some(build::revoked(lease, *raise_to, revocation.reason.as_str()))
-        }
-        Decision::Drain { revocation, raise_to, recheck } => {
-            let unchanged = case.view.hold.map_or(Duration::ZERO, |c| c.unchanged_for);
-            plan.revocations.push(revoked(revocation, *raise_to, Some(unchanged)));
-            plan.recheck = [plan.recheck, Some(*recheck)].into_iter().flatten().min();
-            Some(build::draining(lease, *raise_to, revocation.reason.as_str(), revocation.token))
-        }
-        Decision::Free => {
-            plan.drained.extend(drained);
-            Some(build::freed(lease))
-        }
-    };
-    SlotPlan::Write(written.map(Box::new))
-}
-
-/// The token a decision records, if it mints one.
-fn minted(decision: &Decision) -> Option<i64> {
-    match decision {
-        Decision::Grant { token, .. } => Some(*token),
-        Decision::Revoke { raise_to, .. } | Decision::Drain { raise_to, .. } => Some(*raise_to),
-        _ => None,
-    }
-}
-
-/// How serving sees a slot: free when a waiter could be granted it by this write (its
-/// hold expired, say, is revoked and re-granted in one write), else taken.
-fn serving_state(inputs: &decide::Inputs, state: &LeaseState) -> serve::Slot {
-    let probe = decide::Inputs { waiting: 1, ..inputs.clone() };
-    match (decide::decide(&probe), state) {
-        (Decision::Grant { .. }, _) => serve::Slot::Free,
-        (_, LeaseState::Held(h)) => serve::Slot::Held(mode(h.mode)),
-        _ => serve::Slot::Draining,
-    }
-}
-
-/// How serving sees a claim's mode: a writer is exclusive.
-fn mode(mode: ClaimMode) -> serve::Mode {
-    match mode {
-        ClaimMode::Read => serve::Mode::Shared,
-        ClaimMode::Write => serve::Mode::Exclusive,
-    }
-}
-
 /// The status that follows the writes of `plan`, which leave the slot Leases as `after`.
 fn status_after(
     o: &Observation,
@@ -611,16 +484,6 @@ pub fn plan(o: &Observation) -> Plan {
     let (live, stale) = queue(o, &holders);
     // Only waiters looked at and found serveable are served.
     let serveable: Vec<&Waiting> = live.iter().copied().take_while(|w| w.serveable == Some(true)).collect();
-    let mut running = o.tokens;
-    let inputs = |case: &SlotCase, tokens: Tokens, waiting: usize| decide::Inputs {
-        terms: case.terms,
-        confirm_timeout: o.confirm_timeout,
-        current: case.current.clone(),
-        waiting,
-        deleting,
-        tokens,
-        wall_clock_ms: o.wall.as_millisecond(),
-    };
     let cases: Vec<SlotCase> = o
         .slots
         .iter()
@@ -632,47 +495,10 @@ pub fn plan(o: &Observation) -> Plan {
             terms: granted::of_lease(view.lease, &GrantedTiming::of_spec(&o.lock.spec)),
         })
         .collect();
-    let slots: Vec<serve::Slot> = cases.iter().map(|c| serving_state(&inputs(c, running, 1), &c.state)).collect();
-    let modes: Vec<serve::Mode> = serveable.iter().map(|w| mode(w.claim.mode)).collect();
-    let served = serve::serve(&slots, permits(o.lock) as usize, o.lock.spec.fairness, &modes);
-
     let mut plan = Plan { stale, track_holder: true, ..Plan::empty() };
-    let mut after: Vec<(u32, Lease)> = Vec::new();
-    let mut deleted = 0;
-    for (index, case) in cases.iter().enumerate() {
-        let head = served.iter().find(|s| s.slot == index).map(|s| &serveable[s.waiter].claim);
-        let decision = decide::decide(&inputs(case, running, usize::from(head.is_some())));
-        if let Some(t) = minted(&decision) {
-            running = Tokens::Known(t);
-        }
-        let on_target = if index == forced_slot { force.as_ref() } else { None };
-        match carry_out(o, case, &decision, head, on_target, &mut plan) {
-            SlotPlan::Blocked(blocked) => return not_ready(o.lock, o.known, o.required, blocked_ready(&blocked)),
-            SlotPlan::Delete => {
-                deleted += 1;
-                plan.leases.push(SlotWrite { slot: case.view.slot, write: LeaseWrite::Delete });
-            }
-            SlotPlan::Write(written) => {
-                let slot = case.view.slot;
-                let mut lease = written.as_deref().unwrap_or(case.view.lease).clone();
-                if slot >= permits(o.lock) && !deleting && view::lease_state(&lease) == LeaseState::Free {
-                    // The lock shrank and this slot's last hold is over: the slot goes.
-                    plan.leases.push(SlotWrite { slot, write: LeaseWrite::Delete });
-                    continue;
-                }
-                let mut written = written;
-                if slot == 0 && lease.annotations().get(ANNOTATION_PERMITS) != permits_annotation(o.lock).as_ref() {
-                    // Claimants learn from slot 0 how many slot Leases to watch.
-                    build::set_permits(&mut lease, permits(o.lock));
-                    written = Some(Box::new(lease.clone()));
-                }
-                if let Some(written) = written {
-                    plan.leases.push(SlotWrite { slot, write: LeaseWrite::Replace(written) });
-                }
-                after.push((slot, lease));
-            }
-        }
-    }
+    let Ok((after, deleted)) = decide_slots(o, &cases, &serveable, (force.as_ref(), forced_slot), &mut plan) else {
+        return plan;
+    };
     if deleting && deleted == cases.len() {
         // The lock goes once every slot Lease is deleted: nothing left to report.
         plan.finish = true;

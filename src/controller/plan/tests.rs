@@ -8,6 +8,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 
 use super::*;
 use crate::claim::edit;
+use crate::controller::build;
+use crate::controller::decide::Tokens;
 use crate::crd::ClaimMode;
 use crate::crd::{
     ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_BY, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLockSpec,
