@@ -41,9 +41,10 @@ controlplane-oldest: ## Build the control plane of the oldest supported release 
 	e2e/controlplane/build.sh $(OLDEST_RELEASE)
 
 .PHONY: image
-image: ## Build Leasehold's image without a container engine: target/image/leasehold-<appVersion>.oci.tar (OCI archive, deterministic).
-	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --locked -p leasehold --bin leasehold --target $(IMAGE_TARGET)
-	$(CARGO) run -q --locked -p leasehold-image -- --binary target/$(IMAGE_TARGET)/release/leasehold --out $(IMAGE)
+image: ## Build Leasehold's image without a container engine: target/image/leasehold-<appVersion>.oci.tar (OCI archive, deterministic; leasehold and leasehold-sidecar).
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --locked -p leasehold --bin leasehold --bin leasehold-sidecar --target $(IMAGE_TARGET)
+	$(CARGO) run -q --locked -p leasehold-image -- --binary target/$(IMAGE_TARGET)/release/leasehold \
+		--sidecar-binary target/$(IMAGE_TARGET)/release/leasehold-sidecar --out $(IMAGE)
 
 .PHONY: chart
 chart: ## Package the chart: $(RELEASE_DIR)/leasehold-<version>.tgz (helm lint --strict first).

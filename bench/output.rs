@@ -95,6 +95,9 @@ fn command_line(program: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// The fact naming the binary the sidecars run, and its size.
+pub const SIDECAR_BINARY_FACT: &str = "leasehold-sidecar binary (the sidecar alone)";
+
 /// Versions, machine facts and the plan.
 pub fn facts(run: &mut Run, repo: &Path, plan: &Plan) {
     let f = &mut run.facts;
@@ -165,12 +168,12 @@ pub fn facts(run: &mut Run, repo: &Path, plan: &Plan) {
             "go": command_line("go", &["version"]),
         }),
     );
-    let bin = support::leasehold_bin();
-    let size = std::fs::metadata(bin).map(|m| m.len()).unwrap_or(0);
-    f.insert(
-        "leasehold binary (sidecar = controller = one multi-call binary)".into(),
-        json!(format!("{:.2} MiB ({size} bytes), {bin}", size as f64 / 1024.0 / 1024.0)),
-    );
+    let binary_size = |bin: &str| {
+        let size = std::fs::metadata(bin).map(|m| m.len()).unwrap_or(0);
+        json!(format!("{:.2} MiB ({size} bytes), {bin}", size as f64 / 1024.0 / 1024.0))
+    };
+    f.insert("leasehold binary (controller, CLI, `run`)".into(), binary_size(support::leasehold_bin()));
+    f.insert(SIDECAR_BINARY_FACT.into(), binary_size(support::sidecar_bin()));
     f.insert("plan".into(), serde_json::to_value(plan).unwrap_or_default());
 }
 

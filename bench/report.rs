@@ -246,10 +246,7 @@ pub fn verdicts(run: &Run, ratios: &[Ratio], lease_ms: f64) -> Vec<Verdict> {
                 m.what,
                 mib(m.anon_kib),
                 mib(m.file_kib),
-                fact(run, "leasehold binary (sidecar = controller = one multi-call binary)")
-                    .split(" (")
-                    .next()
-                    .unwrap_or("")
+                fact(run, crate::output::SIDECAR_BINARY_FACT).split(" (").next().unwrap_or("")
             )
         }),
         sidecar.map(|m| mib(m.rss_kib)),

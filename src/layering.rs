@@ -46,6 +46,7 @@ const MODULES: &[(&str, Part)] = &[
     ("cli", FrontEnd),
     ("run", FrontEnd),
     ("main", FrontEnd),
+    ("bin", FrontEnd), // src/bin/leasehold-sidecar.rs: the sidecar alone
     ("layering", FrontEnd),
     ("metrics_doc", FrontEnd), // checks docs/metrics.md against every component's registry
 ];

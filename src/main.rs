@@ -2,6 +2,7 @@
 //! handling, and hands over to the role's `run`.
 
 use clap::{Parser, Subcommand};
+use leasehold::supervise::cancel_on_signal;
 use leasehold::telemetry::{self, LogFormat};
 use tokio_util::sync::CancellationToken;
 
@@ -68,25 +69,6 @@ enum Command {
         #[arg(long, default_value = "system:serviceaccount:leasehold-system:leasehold-controller")]
         controller_user: String,
     },
-}
-
-/// Cancels `token` on SIGTERM or SIGINT.
-fn on_signal(token: CancellationToken) {
-    tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                return;
-            }
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        tracing::info!("signal received, shutting down");
-        token.cancel();
-    });
 }
 
 /// Runs an operator command: its message on stdout, or its error on stderr and exit 1.
@@ -182,7 +164,7 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
-                on_signal(shutdown.clone());
+                cancel_on_signal(shutdown.clone());
                 leasehold::sidecar::run(config, shutdown).await
             })
         }
@@ -191,7 +173,7 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let code = runtime.block_on(async {
                 let shutdown = CancellationToken::new();
-                on_signal(shutdown.clone());
+                cancel_on_signal(shutdown.clone());
                 leasehold::run::run(config, shutdown).await
             })?;
             std::process::exit(code)
@@ -208,7 +190,7 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
-                on_signal(shutdown.clone());
+                cancel_on_signal(shutdown.clone());
                 leasehold::controller::run(config, shutdown).await
             })
         }

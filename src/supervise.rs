@@ -57,3 +57,22 @@ pub async fn supervise(mut tasks: JoinSet<TaskResult>, shutdown: CancellationTok
     }
     failure.map_or(Ok(()), Err)
 }
+
+/// Cancels `token` on SIGTERM or SIGINT (a task of the current runtime).
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                error!(error = %e, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("signal received, shutting down");
+        token.cancel();
+    });
+}

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, PostParams};
 use leasehold_harness::{Postgres, eventually};
 
-use crate::support::{Env, LeaseholdProcess, free_port, leasehold_bin};
+use crate::support::{Env, LeaseholdProcess, free_port, leasehold_bin, sidecar_bin};
 
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
@@ -75,7 +75,7 @@ fn sidecar_from_injected(env: &Env, pod: &Pod, dir: &Path, token: &str) -> (Comm
             *arg = admin.to_string();
         }
     }
-    let mut command = Command::new(leasehold_bin());
+    let mut command = Command::new(sidecar_bin());
     command.args(&args).env("KUBECONFIG", &kubeconfig).env("RUST_LOG", "info,kube=warn");
     for var in sidecar.env.expect("env") {
         let value = match var.name.as_str() {

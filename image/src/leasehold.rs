@@ -1,4 +1,5 @@
-//! Leasehold's image: the statically linked `leasehold` binary, the `nonroot` user and
+//! Leasehold's image: the statically linked `leasehold` binary, beside it the sidecar alone
+//! (`leasehold-sidecar`, which the chart injects into app pods), the `nonroot` user and
 //! nothing else (no shell, no C library, no CA certificates: every component reaches only
 //! the apiserver, verified with the ServiceAccount's CA). Named after the chart: its
 //! `image.repository` and `appVersion`, so that a default `helm install` runs exactly it.
@@ -19,6 +20,8 @@ use crate::{Entry, Error, ImageSpec, Reference};
 pub const USER: &str = "65532:65532";
 /// Where the binary is, and how every role starts.
 pub const ENTRYPOINT: &str = "/leasehold";
+/// Where the sidecar-only binary is: the command of the injected sidecar container.
+pub const SIDECAR: &str = "/leasehold-sidecar";
 /// Arguments when none are given.
 pub const CMD: &str = "--help";
 /// The directory of the repository whose tree is copied to `/` (`/etc/passwd`, `/etc/group`).
@@ -107,15 +110,27 @@ pub fn check_static(binary: &Path) -> Result<(), LeaseholdImageError> {
     Ok(())
 }
 
-/// Leasehold's image, from the repository at `repo` and the static `binary`, named
-/// `reference` (default: [`chart_reference`]).
-pub fn spec(repo: &Path, binary: &Path, reference: Option<Reference>) -> Result<ImageSpec, LeaseholdImageError> {
+/// Leasehold's image, from the repository at `repo` and the static binaries `binary`
+/// (`leasehold`) and `sidecar` (`leasehold-sidecar`), named `reference` (default:
+/// [`chart_reference`]).
+pub fn spec(
+    repo: &Path,
+    binary: &Path,
+    sidecar: &Path,
+    reference: Option<Reference>,
+) -> Result<ImageSpec, LeaseholdImageError> {
     check_static(binary)?;
-    assemble(repo, binary, reference)
+    check_static(sidecar)?;
+    assemble(repo, binary, sidecar, reference)
 }
 
-/// [`spec`] without the check that `binary` is static (for tests of the contents).
-pub fn assemble(repo: &Path, binary: &Path, reference: Option<Reference>) -> Result<ImageSpec, LeaseholdImageError> {
+/// [`spec`] without the check that the binaries are static (for tests of the contents).
+pub fn assemble(
+    repo: &Path,
+    binary: &Path,
+    sidecar: &Path,
+    reference: Option<Reference>,
+) -> Result<ImageSpec, LeaseholdImageError> {
     let reference = match reference {
         Some(reference) => reference,
         None => chart_reference(repo)?,
@@ -123,6 +138,7 @@ pub fn assemble(repo: &Path, binary: &Path, reference: Option<Reference>) -> Res
     let mut spec = ImageSpec::new(reference);
     spec.add_tree(&repo.join(ROOTFS), "/")?;
     spec.entries.push(Entry::from_host(ENTRYPOINT, 0o755, binary)?);
+    spec.entries.push(Entry::from_host(SIDECAR, 0o755, sidecar)?);
     spec.user = Some(USER.to_owned());
     spec.entrypoint = vec![ENTRYPOINT.to_owned()];
     spec.cmd = vec![CMD.to_owned()];

@@ -28,9 +28,9 @@ fn the_dockerfile_and_the_image_builder_agree_on_what_goes_in() {
     let repo = repo();
     let text = std::fs::read_to_string(repo.join("Dockerfile")).expect("Dockerfile");
     let stage = dockerfile::final_stage(&text).expect("the final stage is understood");
-    // A placeholder for the binary: only the contents' shape is compared here.
+    // A placeholder for the binaries: only the contents' shape is compared here.
     let placeholder = tempfile::NamedTempFile::new().expect("temp file");
-    let spec = leasehold::assemble(&repo, placeholder.path(), None).expect("the image spec");
+    let spec = leasehold::assemble(&repo, placeholder.path(), placeholder.path(), None).expect("the image spec");
 
     assert_eq!(stage.base, "scratch", "nothing but what is listed: no base image's files");
     assert_eq!(stage.user.as_deref(), spec.user.as_deref(), "USER");
@@ -42,7 +42,8 @@ fn the_dockerfile_and_the_image_builder_agree_on_what_goes_in() {
     for (from, source, destination) in &stage.copies {
         match from.as_deref() {
             Some("build") => {
-                assert_eq!(source, "/leasehold", "the build stage's binary");
+                assert!(["/leasehold", "/leasehold-sidecar"].contains(&source.as_str()), "the build stage's binaries");
+                assert_eq!(source, destination, "a binary keeps its path");
                 from_dockerfile.insert(destination.clone());
             }
             Some(other) => panic!("COPY --from={other} is not mirrored by the image builder"),

@@ -15,6 +15,9 @@ use crate::crd::LABEL_INJECT;
 
 /// Name of the injected container.
 pub const SIDECAR_NAME: &str = "leasehold-sidecar";
+/// The sidecar's own binary in the image, beside the full `leasehold`: it maps only the
+/// sidecar's code, so it keeps less resident in every opted-in pod.
+pub const SIDECAR_COMMAND: &str = "/leasehold-sidecar";
 /// Where the hold-mode file is, in every container of an injected pod.
 pub const RUN_DIR: &str = "/var/run/leasehold";
 use super::pod_settings::{self, DeclaredPort};
@@ -81,6 +84,7 @@ pub fn sidecar_container(template: &Template, options: &PodOptions, resources: V
         "name": SIDECAR_NAME,
         "image": template.image,
         "imagePullPolicy": "IfNotPresent",
+        "command": [SIDECAR_COMMAND],
         "args": [
             "sidecar",
             "--listen", format!("127.0.0.1:{}", options.api_port),
@@ -428,6 +432,16 @@ mod tests {
             resources,
             json!({"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"cpu": "1", "memory": "64Mi"}})
         );
+    }
+
+    /// The injected container runs the sidecar-only binary of the image, with the same
+    /// arguments `leasehold sidecar` takes.
+    #[test]
+    fn the_sidecar_runs_the_sidecar_binary() {
+        let sidecar = injected_sidecar(&opted(json!({"containers": [app()]})), &Template::default());
+        assert_eq!(sidecar.command.expect("command"), [SIDECAR_COMMAND]);
+        assert_eq!(sidecar.args.expect("args")[0], "sidecar");
+        assert_eq!(SIDECAR_COMMAND, leasehold_image::leasehold::SIDECAR, "the image has the binary injected");
     }
 
     #[test]

@@ -111,10 +111,11 @@ async fn helm_upgrade_under_contention_keeps_holds_and_tokens_and_uninstall_keep
     }
     let before = busy.wait_for(6, Duration::from_secs(60)).await.len();
 
-    // The changed image: the same binary, another tag and label, so another digest.
+    // The changed image: the same binaries, another tag and label, so another digest.
     let binary = repo().join("target/x86_64-unknown-linux-gnu/release/leasehold");
+    let sidecar = repo().join("target/x86_64-unknown-linux-gnu/release/leasehold-sidecar");
     let reference = Reference::parse(&format!("ghcr.io/leasehold/leasehold:{NEXT_TAG}")).expect("reference");
-    let mut spec = image::spec(repo(), &binary, Some(reference)).expect("the image spec");
+    let mut spec = image::spec(repo(), &binary, &sidecar, Some(reference)).expect("the image spec");
     spec.labels.insert("org.opencontainers.image.version".into(), NEXT_TAG.into());
     let built = node.build_and_import(&spec).expect("import the changed image");
     eprintln!("upgrading to {} ({})", built.name, built.digest);

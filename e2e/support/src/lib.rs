@@ -42,6 +42,18 @@ pub fn leasehold_bin() -> &'static str {
     })
 }
 
+/// The sidecar binary under test: `leasehold-sidecar`, the one the chart injects into app
+/// pods, built beside the running test or benchmark.
+pub fn sidecar_bin() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        assert_cmd::cargo::cargo_bin("leasehold-sidecar")
+            .into_os_string()
+            .into_string()
+            .expect("the path of the leasehold-sidecar binary is UTF-8")
+    })
+}
+
 /// A free loopback port (bound and released; the caller binds it next).
 ///
 /// It is taken below the kernel's ephemeral range: a server a test stops and starts again on

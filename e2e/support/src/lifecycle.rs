@@ -22,7 +22,7 @@ use leasehold::crd::{DistributedLock, DistributedLockSpec, LockClaim};
 use leasehold_harness::{ControlPlane, TestNamespace, eventually};
 
 use crate::watch::GrantLog;
-use crate::{Env, LeaseholdProcess, Sidecar, TestPod, free_port, leasehold_bin};
+use crate::{Env, LeaseholdProcess, Sidecar, TestPod, free_port, sidecar_bin};
 
 /// The lock the scenario creates.
 pub const LOCK: &str = "orders";
@@ -104,7 +104,7 @@ impl Stage<'_> {
         .expect("write the pod's kubeconfig");
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut command = Command::new(leasehold_bin());
+        let mut command = Command::new(sidecar_bin());
         command
             .args(["sidecar", "--listen", &api.to_string(), "--admin-addr", &admin.to_string()])
             .args(extra)

@@ -8,7 +8,7 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use super::{WAIT, denial, pod_json};
-use crate::support::{Env, LeaseholdProcess, free_port, leasehold_bin};
+use crate::support::{Env, LeaseholdProcess, free_port, sidecar_bin};
 
 fn sidecar_of(pod: &Pod) -> Container {
     let init = pod.spec.as_ref().and_then(|s| s.init_containers.clone()).unwrap_or_default();
@@ -205,7 +205,7 @@ async fn a_sidecar_started_with_the_injected_log_settings_logs_json_at_that_leve
     env.ns.kubeconfig_for_token(&pod.token, &kubeconfig).expect("kubeconfig");
     let api = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut command = std::process::Command::new(leasehold_bin());
+    let mut command = std::process::Command::new(sidecar_bin());
     command
         .args(["sidecar", "--listen", &api.to_string(), "--admin-addr", &admin.to_string()])
         .env("KUBECONFIG", &kubeconfig)
