@@ -50,10 +50,13 @@ pub async fn write(
     current: Option<&Lease>,
     desired: &Lease,
 ) -> Result<Lease, Error> {
-    let written = match current {
+    let mut written = match current {
         None => store.create(desired).await?,
         Some(_) => store.replace(desired).await?,
     };
+    // Remembered (twice) until the next write: without the field managers the answer
+    // carries, as the cache keeps it.
+    super::trim::forget_field_managers(&mut written);
     let replaced = current.and_then(|c| c.resource_version());
     ctx.with_memory(key, uid, |m| {
         m.written = Some((replaced, written.clone()));
