@@ -34,7 +34,7 @@ pub async fn current(
         return Ok(store.get(&key.name).await?);
     }
     let cached = ctx.leases.get(&ObjectRef::new(&key.name).within(&key.namespace)).map(|l| (*l).clone());
-    let written = ctx.with_memory(key, uid, |m| m.written.clone());
+    let written = ctx.with_memory(key, uid, |m| m.written.as_deref().cloned());
     match choose(cached, written) {
         Some(lease) => Ok(Some(lease)),
         None => Ok(store.get(&key.name).await?),
@@ -59,7 +59,7 @@ pub async fn write(
     super::trim::forget_field_managers(&mut written);
     let replaced = current.and_then(|c| c.resource_version());
     ctx.with_memory(key, uid, |m| {
-        m.written = Some((replaced, written.clone()));
+        m.written = Some(Box::new((replaced, written.clone())));
         m.seen = Some(written.clone());
     });
     Ok(written)
