@@ -22,6 +22,15 @@ pub fn choose(cached: Option<Lease>, written: Option<(Option<String>, Lease)>) -
     }
 }
 
+/// Whether our remembered write can be forgotten: the cache shows it (its very
+/// resourceVersion). From then on [`choose`] would never pick it — the cache never goes
+/// back to the version our write replaced (watch events arrive in order, and a re-list
+/// reads the latest) — so keeping it would only keep a second copy of the cached Lease.
+pub fn caught_up(cached: Option<&Lease>, written: &(Option<String>, Lease)) -> bool {
+    let ours = written.1.resource_version();
+    ours.is_some() && cached.is_some_and(|c| c.resource_version() == ours)
+}
+
 /// The lock Lease as best known (see [`choose`]); a direct read when `fresh` is asked.
 pub async fn current(
     ctx: &Context,
@@ -34,7 +43,12 @@ pub async fn current(
         return Ok(store.get(&key.name).await?);
     }
     let cached = ctx.leases.get(&ObjectRef::new(&key.name).within(&key.namespace)).map(|l| (*l).clone());
-    let written = ctx.with_memory(key, uid, |m| m.written.as_deref().cloned());
+    let written = ctx.with_memory(key, uid, |m| {
+        if m.written.as_deref().is_some_and(|w| caught_up(cached.as_ref(), w)) {
+            m.written = None;
+        }
+        m.written.as_deref().cloned()
+    });
     match choose(cached, written) {
         Some(lease) => Ok(Some(lease)),
         None => Ok(store.get(&key.name).await?),
@@ -99,5 +113,24 @@ mod tests {
         assert_eq!(holder(choose(None, ours(None))), None);
         assert_eq!(holder(choose(None, ours(Some("5")))), None);
         assert_eq!(holder(choose(None, None)), None);
+    }
+
+    #[test]
+    fn caught_up_table() {
+        let ours = (Some("5".to_owned()), at("6", "ours"));
+        // The cache shows our write: forgotten.
+        assert!(caught_up(Some(&at("6", "ours")), &ours));
+        // The cache still shows what our write replaced, or another version: kept.
+        assert!(!caught_up(Some(&at("5", "cache")), &ours));
+        assert!(!caught_up(Some(&at("7", "cache")), &ours));
+        // No cached Lease: kept (whatever the memory says, the apiserver is read).
+        assert!(!caught_up(None, &ours));
+        // A write whose answer carried no resourceVersion matches nothing: kept.
+        let unversioned = (Some("5".to_owned()), Lease::default());
+        assert!(!caught_up(Some(&Lease::default()), &unversioned));
+        // Whenever it is forgotten, the cache is what would have been chosen anyway.
+        let cached = at("6", "cache");
+        assert!(caught_up(Some(&cached), &ours));
+        assert_eq!(holder(choose(Some(cached), Some(ours))), Some("cache".into()));
     }
 }

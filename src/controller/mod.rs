@@ -173,6 +173,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ns = config.namespace.as_deref();
     let synced = Synced::default();
     let (leases, lease_writer) = reflector::store::<Lease>();
+    // Re-lists read the latest (the default list semantic), so a cached Lease never goes
+    // back to an older version: `lock_lease::caught_up` relies on it.
     let lease_stream = watcher(scoped::<Lease>(&client, ns), watcher::Config::default().labels(LABEL_LOCK))
         .backoff(crate::lease::watch_backoff())
         .modify(trim::forget_field_managers)
