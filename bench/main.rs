@@ -111,7 +111,7 @@ fn round1(v: f64) -> f64 {
 
 async fn bench() -> anyhow::Result<bool> {
     let began = Instant::now();
-    let plan = Plan::from_env();
+    let plan = Plan::from_env()?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out = std::env::var_os("LEASEHOLD_BENCH_OUT").map_or_else(|| repo.join("target/bench"), PathBuf::from);
     let logs = out.join("logs");

@@ -102,7 +102,8 @@ pub struct Plan {
     /// Quiet window with the most idle locks.
     #[serde(serialize_with = "secs")]
     pub idle_window: Duration,
-    /// Longest wait for the controller to reconcile one scale step.
+    /// Longest wait for the controller to reconcile one scale step, per 10,000 locks the
+    /// step creates (at least once).
     #[serde(serialize_with = "secs")]
     pub scale_timeout: Duration,
     /// Failover samples of each kind on the real node (app container killed, pod deleted).
@@ -110,10 +111,16 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The full plan, or the quick one when `LEASEHOLD_BENCH_QUICK` is set (and not `0`).
-    pub fn from_env() -> Plan {
+    /// The full plan, or the quick one when `LEASEHOLD_BENCH_QUICK` is set (and not `0`);
+    /// `LEASEHOLD_BENCH_SCALE_COUNTS` (comma-separated lock counts, ascending) replaces the
+    /// scale phase's counts.
+    pub fn from_env() -> anyhow::Result<Plan> {
         let quick = std::env::var("LEASEHOLD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        if quick { Plan::quick() } else { Plan::full() }
+        let mut plan = if quick { Plan::quick() } else { Plan::full() };
+        if let Some(counts) = std::env::var(SCALE_COUNTS).ok().filter(|v| !v.trim().is_empty()) {
+            plan.scale_counts = scale_counts(&counts).map_err(|e| anyhow::anyhow!("invalid {SCALE_COUNTS}: {e}"))?;
+        }
+        Ok(plan)
     }
 
     fn full() -> Plan {
@@ -144,7 +151,7 @@ impl Plan {
             scale_counts: vec![1_000, 10_000],
             create_concurrency: 16,
             idle_window: Duration::from_secs(30),
-            scale_timeout: Duration::from_secs(300),
+            scale_timeout: Duration::from_secs(600),
             node_failovers: 10,
         }
     }
@@ -182,4 +189,23 @@ impl Plan {
             node_failovers: 2,
         }
     }
+}
+
+/// The variable that replaces the scale phase's lock counts.
+const SCALE_COUNTS: &str = "LEASEHOLD_BENCH_SCALE_COUNTS";
+
+/// Lock counts from `1000,10000,100000`: positive, strictly ascending (each step creates
+/// the locks the one before did not).
+fn scale_counts(text: &str) -> Result<Vec<usize>, String> {
+    let counts = text
+        .split(',')
+        .map(|c| {
+            let c = c.trim().replace('_', "");
+            c.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| format!("{c:?} is not a positive lock count"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if counts.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("the counts must ascend: {counts:?}"));
+    }
+    Ok(counts)
 }

@@ -28,7 +28,8 @@ pub struct Plan {
     pub concurrency: usize,
     /// Quiet window at the largest count.
     pub idle_window: Duration,
-    /// Give up waiting for reconciliation after this (per count).
+    /// Give up waiting for reconciliation after this, per 10,000 locks a step creates (at
+    /// least once).
     pub timeout: Duration,
 }
 
@@ -85,8 +86,9 @@ pub async fn run(
             bail!("failed to create a lock: {e}");
         }
         let create_s = started.elapsed().as_secs_f64();
+        let timeout = plan.timeout * u32::try_from((count - created).div_ceil(10_000)).unwrap_or(u32::MAX);
         created = count;
-        let deadline = started + plan.timeout;
+        let deadline = started + timeout;
         loop {
             let reconciled = locks.state().iter().filter(|l| l.status.is_some()).count();
             let leased = leases.state().len();
@@ -107,7 +109,7 @@ pub async fn run(
                 run.failures.push(format!(
                     "{} of {count} locks were not reconciled (no status or no Lease) {:?} after their creation began: {}",
                     count.saturating_sub(reconciled.min(leased)),
-                    plan.timeout,
+                    timeout,
                     missing.join(", ")
                 ));
                 break;

@@ -78,8 +78,9 @@ pub struct SlotMemory {
     /// revocation (or our first sighting of the drain).
     pub drain: Option<Sighting<Option<i64>>>,
     /// The slot Lease as last written by us, with the resourceVersion it replaced: used
-    /// instead of the cache while the cache still shows that older version.
-    pub written: Option<(Option<String>, Lease)>,
+    /// instead of the cache while the cache still shows that older version. Boxed: most
+    /// slots' memory holds none for long, and an unboxed Lease is most of its size.
+    pub written: Option<Box<(Option<String>, Lease)>>,
     /// The UID of the claim the latest hold on this slot was granted on: a claim is served
     /// once.
     pub served: Option<String>,
@@ -100,8 +101,9 @@ pub struct LockMemory {
     pub claims: HashMap<String, Sighting<Option<MicroTime>>>,
     /// The status last applied.
     pub status: Option<DistributedLockStatus>,
-    /// Per slot.
-    pub slots: std::collections::BTreeMap<u32, SlotMemory>,
+    /// Per slot. Boxed: a map node has room for several entries, and a slot's memory
+    /// holds a whole Lease.
+    pub slots: std::collections::BTreeMap<u32, Box<SlotMemory>>,
 }
 
 impl LockMemory {
@@ -133,8 +135,10 @@ pub struct Context {
     pub settings: Settings,
     /// Leadership.
     pub leadership: Leadership,
-    /// Per-lock memory, reset at every new leadership term.
-    pub memory: Mutex<(u64, HashMap<LockKey, LockMemory>)>,
+    /// Per-lock memory, reset at every new leadership term. Boxed: a map keeps its
+    /// values inline in a table up to twice as large as the map, and a lock's memory is
+    /// large next to its key.
+    pub memory: Mutex<(u64, HashMap<LockKey, Box<LockMemory>>)>,
     /// The highest token this process has issued per lock. Survives terms and lock
     /// re-creation: one more source that keeps tokens increasing.
     pub tokens: Mutex<HashMap<LockKey, i64>>,
@@ -159,7 +163,7 @@ impl Context {
         }
         let memory = guard.1.entry(key.clone()).or_default();
         if memory.uid != uid {
-            *memory = LockMemory { uid: uid.to_owned(), ..LockMemory::default() };
+            **memory = LockMemory { uid: uid.to_owned(), ..LockMemory::default() };
         }
         f(memory)
     }

@@ -22,6 +22,15 @@ pub fn choose(cached: Option<Lease>, written: Option<(Option<String>, Lease)>) -
     }
 }
 
+/// Whether our remembered write can be forgotten: the cache shows it (its very
+/// resourceVersion). From then on [`choose`] would never pick it — the cache never goes
+/// back to the version our write replaced (watch events arrive in order, and a re-list
+/// reads the latest) — so keeping it would only keep a second copy of the cached Lease.
+pub fn caught_up(cached: Option<&Lease>, written: &(Option<String>, Lease)) -> bool {
+    let ours = written.1.resource_version();
+    ours.is_some() && cached.is_some_and(|c| c.resource_version() == ours)
+}
+
 /// Slot `slot`'s Lease as best known (see [`choose`]); a direct read when `fresh` is
 /// asked.
 pub async fn current(
@@ -47,7 +56,13 @@ pub async fn current(
 pub fn cached(ctx: &Context, uid: &str, key: &LockKey, slot: u32) -> Option<Lease> {
     let name = crate::lease::slot::lease_name(&key.name, slot);
     let cached = ctx.leases.get(&ObjectRef::new(&name).within(&key.namespace)).map(|l| (*l).clone());
-    let written = ctx.with_memory(key, uid, |m| m.slots.get(&slot).and_then(|s| s.written.clone()));
+    let written = ctx.with_memory(key, uid, |m| {
+        let s = m.slots.get_mut(&slot)?;
+        if s.written.as_deref().is_some_and(|w| caught_up(cached.as_ref(), w)) {
+            s.written = None;
+        }
+        s.written.as_deref().cloned()
+    });
     choose(cached, written)
 }
 
@@ -62,14 +77,17 @@ pub async fn write(
     current: Option<&Lease>,
     desired: &Lease,
 ) -> Result<Lease, Error> {
-    let written = match current {
+    let mut written = match current {
         None => store.create(desired).await?,
         Some(_) => store.replace(desired).await?,
     };
+    // Remembered (twice) until the next write: without the field managers the answer
+    // carries, as the cache keeps it.
+    super::trim::forget_field_managers(&mut written);
     let replaced = current.and_then(|c| c.resource_version());
     ctx.with_memory(key, uid, |m| {
         let s = m.slot(slot);
-        s.written = Some((replaced, written.clone()));
+        s.written = Some(Box::new((replaced, written.clone())));
         s.seen = Some(written.clone());
     });
     Ok(written)
@@ -109,5 +127,24 @@ mod tests {
         assert_eq!(holder(choose(None, ours(None))), None);
         assert_eq!(holder(choose(None, ours(Some("5")))), None);
         assert_eq!(holder(choose(None, None)), None);
+    }
+
+    #[test]
+    fn caught_up_table() {
+        let ours = (Some("5".to_owned()), at("6", "ours"));
+        // The cache shows our write: forgotten.
+        assert!(caught_up(Some(&at("6", "ours")), &ours));
+        // The cache still shows what our write replaced, or another version: kept.
+        assert!(!caught_up(Some(&at("5", "cache")), &ours));
+        assert!(!caught_up(Some(&at("7", "cache")), &ours));
+        // No cached Lease: kept (whatever the memory says, the apiserver is read).
+        assert!(!caught_up(None, &ours));
+        // A write whose answer carried no resourceVersion matches nothing: kept.
+        let unversioned = (Some("5".to_owned()), Lease::default());
+        assert!(!caught_up(Some(&Lease::default()), &unversioned));
+        // Whenever it is forgotten, the cache is what would have been chosen anyway.
+        let cached = at("6", "cache");
+        assert!(caught_up(Some(&cached), &ours));
+        assert_eq!(holder(choose(Some(cached), Some(ours))), Some("cache".into()));
     }
 }

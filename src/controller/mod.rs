@@ -33,6 +33,7 @@ pub mod recreate;
 pub mod requests;
 pub mod serve;
 pub mod status;
+pub mod trim;
 pub mod view;
 
 use std::net::SocketAddr;
@@ -173,9 +174,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ns = config.namespace.as_deref();
     let synced = Synced::default();
     let (leases, lease_writer) = reflector::store::<Lease>();
+    // Re-lists read the latest (the default list semantic), so a cached Lease never goes
+    // back to an older version: `lock_lease::caught_up` relies on it.
     let lease_stream = watcher(scoped::<Lease>(&client, ns), watcher::Config::default().labels(LABEL_LOCK))
         .backoff(crate::lease::watch_backoff())
-        .modify(|l| l.managed_fields_mut().clear())
+        .modify(trim::forget_field_managers)
         .reflect(lease_writer)
         .inspect(synced.marker("leases"))
         .touched_objects()
@@ -183,7 +186,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (claims, claim_writer) = reflector::store::<LockClaim>();
     let claim_stream = watcher(scoped::<LockClaim>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        .modify(|c| c.managed_fields_mut().clear())
+        .modify(trim::forget_field_managers)
         .reflect(claim_writer)
         .inspect(synced.marker("lockclaims"))
         .touched_objects()
@@ -192,7 +195,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        .modify(|p| p.managed_fields_mut().clear())
+        .modify(trim::forget_field_managers)
         .reflect(pod_writer)
         .inspect(synced.marker("pods"))
         .inspect(rbac::on_pod_event(rbac_tx.clone()))
@@ -201,7 +204,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (requests, request_writer) = reflector::store::<ForceReleaseRequest>();
     let request_stream = watcher(scoped::<ForceReleaseRequest>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        .modify(|r| r.managed_fields_mut().clear())
+        .modify(trim::forget_field_managers)
         .reflect(request_writer)
         .inspect(synced.marker("forcereleaserequests"))
         .touched_objects()
@@ -209,8 +212,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (locks, lock_writer) = reflector::store();
     let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        // Nothing reads their field managers; 10,000 locks' worth is tens of MiB.
-        .modify(|l| l.managed_fields_mut().clear())
+        // Nothing reads field managers ([`trim`]); 10,000 locks' worth is tens of MiB.
+        .modify(trim::forget_field_managers)
         .reflect(lock_writer)
         .inspect(synced.marker("distributedlocks"))
         .inspect(rbac::on_lock_event(rbac_tx))
