@@ -155,10 +155,10 @@ bench: controlplane node image ## Benchmarks vs. the floors and peer libraries, 
 BROKEN_BUILDS := ignore-renew-deadline regrant-at-once 401-transient fence-new-label
 test-faults: packages controlplane ## The long fault-injection suite (>= 1,000 faults) and the broken-build demonstrations.
 	for b in $(BROKEN_BUILDS); do \
-		$(CARGO) build --features broken-$$b --bin leasehold --target-dir target/broken-$$b || exit 1; done
-	LEASEHOLD_BROKEN_SIDECAR=$(CURDIR)/target/broken-ignore-renew-deadline/debug/leasehold \
+		$(CARGO) build --features broken-$$b --bin leasehold --bin leasehold-sidecar --target-dir target/broken-$$b || exit 1; done
+	LEASEHOLD_BROKEN_SIDECAR=$(CURDIR)/target/broken-ignore-renew-deadline/debug/leasehold-sidecar \
 	LEASEHOLD_BROKEN_CONTROLLER=$(CURDIR)/target/broken-regrant-at-once/debug/leasehold \
-	LEASEHOLD_BROKEN_HOLDER=$(CURDIR)/target/broken-401-transient/debug/leasehold \
+	LEASEHOLD_BROKEN_HOLDER=$(CURDIR)/target/broken-401-transient/debug/leasehold-sidecar \
 	LEASEHOLD_BROKEN_WEBHOOK=$(CURDIR)/target/broken-fence-new-label/debug/leasehold \
 		$(CARGO) test --test faults -- --ignored --nocapture --test-threads=1 --skip repeat_one_fault
 

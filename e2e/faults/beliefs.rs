@@ -12,6 +12,9 @@
 //!   its event stream closing, a view or hold file saying not held;
 //! - A stopping.
 //!
+//! An answer that arrives after the deadline it carries (its sender was paused after
+//! writing it) starts no belief: the app is told, on receipt, that the hold has run out.
+//!
 //! What happens to A's sidecar does not end A's belief: a killed, frozen or cut-off
 //! sidecar ends it only through what A learns (a closed stream counts). A `leasehold run`
 //! command believes from its first write to its last.
@@ -72,6 +75,12 @@ pub fn beliefs(entries: &[Entry]) -> BTreeMap<String, Vec<Belief>> {
                  o: Open,
                  at,
                  how| {
+        // An answer that arrived after its own deadline (its sender was paused, or it was
+        // held up on the way, after the answer was written) promised nothing: no belief.
+        // A single act (`until == start`) is a belief of an instant.
+        if o.until.is_some_and(|until| until < o.start) {
+            return;
+        }
         // A belief whose promise ran out before `at` ended then, not at `at`.
         let (end, ended) = match o.until {
             Some(until) if until < at => (until, Ended::Lapsed),
@@ -242,6 +251,21 @@ mod tests {
                 "a command believes from its first write to its last",
                 vec![e(b, 100, "a", Op::Act { token: 1 }), e(b, 900, "a", Op::Act { token: 1 })],
                 vec![row(1, 100, 900, Ended::Lapsed)],
+            ),
+            (
+                "an answer received after its deadline is no belief",
+                vec![granted(5000, 1, 4000), e(b, 5000, "a", Op::Release { token: 1 })],
+                vec![],
+            ),
+            (
+                "an answer received after its deadline ends nothing else",
+                vec![granted(0, 1, 4000), e(b, 3000, "a", Op::Held { token: 1, until: Some(t(b, 2000)) })],
+                vec![row(1, 0, 4000, Ended::Lapsed)],
+            ),
+            (
+                "a single act is a belief of an instant",
+                vec![e(b, 700, "a", Op::Act { token: 1 })],
+                vec![row(1, 700, 700, Ended::Lapsed)],
             ),
             (
                 "a new grant replaces an old belief",

@@ -728,6 +728,24 @@ mod tests {
                 0,
             ),
             (
+                "an earlier grant's answer held up past its own deadline is no belief",
+                vec![
+                    granted(base, 0, "a", 2, 4000),
+                    e(base, 3000, "b", Op::Granted { token: 1, until: Some(t(base, 1000)) }),
+                    e(base, 3000, "b", Op::Release { token: 1 }),
+                ],
+                0,
+            ),
+            (
+                "the same, but the app acts on it",
+                vec![
+                    granted(base, 0, "a", 2, 4000),
+                    e(base, 3000, "b", Op::Granted { token: 1, until: Some(t(base, 1000)) }),
+                    e(base, 3001, "b", Op::Act { token: 1 }),
+                ],
+                1,
+            ),
+            (
                 "a closing event stream ends the belief",
                 vec![
                     granted(base, 0, "a", 1, 4000),

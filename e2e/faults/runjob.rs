@@ -56,7 +56,7 @@ pub async fn run(world: Arc<World>, worker: Arc<Worker>) {
         n += 1;
         let id = format!("{}-r{n}", worker.name);
         world.identities.lock().expect("lock").insert(id.clone(), identity.clone());
-        let mut command = Command::new(&world.holder_bin);
+        let mut command = Command::new(&world.run_bin);
         command
             .args(["run", "--lock", &format!("{}/{JOB_LOCK}", world.env.name()), "--wait", "30s", "--"])
             .args(["sh", "-c", SCRIPT])

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::history::{History, Op, Resource};
 use super::record::{ConfigMapLog, LeaseLog, LeaseState, version_of};
-use crate::support::{Env, LeaseholdProcess, TestPod, free_port, http_request, leasehold_bin};
+use crate::support::{Env, LeaseholdProcess, TestPod, free_port, http_request, leasehold_bin, sidecar_bin};
 
 /// The timing of the locks under test: lease 5 s, renew deadline 4 s, retry 1 s.
 pub fn timing() -> DistributedLockSpec {
@@ -133,7 +133,8 @@ pub struct Layout {
     pub sections: Sections,
     /// Every worker on the sidecar locks trusts only answers (no event stream).
     pub views_only: bool,
-    /// The binary the sidecars (and `leasehold run`) run.
+    /// The sidecar binary (`leasehold-sidecar`); `leasehold run` runs the `leasehold`
+    /// built beside it.
     pub holder_bin: Option<String>,
     /// The binary the controllers (and the webhooks) run.
     pub controller_bin: Option<String>,
@@ -259,8 +260,10 @@ pub struct World {
     pub configmaps: ConfigMapLog,
     /// ConfigMap writes whose client saw them fail: (ConfigMap, writer, token).
     pub cm_failed: Mutex<Vec<(String, String, i64)>>,
-    /// The binary the sidecars and `leasehold run` run.
+    /// The binary the sidecars run (`leasehold-sidecar`, as injected into app pods).
     pub holder_bin: String,
+    /// The binary `leasehold run` runs: `leasehold`, beside the sidecar's.
+    pub run_bin: String,
     /// Process groups of `leasehold run` commands (killed at the end).
     pub groups: Mutex<Vec<i32>>,
     generation: Mutex<u32>,
@@ -360,7 +363,11 @@ impl World {
             leases,
             configmaps,
             cm_failed: Mutex::default(),
-            holder_bin: layout.holder_bin.clone().unwrap_or_else(|| leasehold_bin().to_owned()),
+            holder_bin: layout.holder_bin.clone().unwrap_or_else(|| sidecar_bin().to_owned()),
+            run_bin: match &layout.holder_bin {
+                Some(sidecar) => Path::new(sidecar).with_file_name("leasehold").display().to_string(),
+                None => leasehold_bin().to_owned(),
+            },
             groups: Mutex::default(),
             generation: Mutex::new(0),
             layout,
