@@ -1,7 +1,7 @@
 //! Locks with several permits (semaphores, read-write locks) against the real control
 //! plane: at most `spec.permits` hold at once, each on a slot Lease of its own, the rest
 //! served in claim order as slots free up, with tokens rising across the whole lock; a
-//! writer holds every permit alone; through the claimant API, the sidecar and
+//! writer holds every permit alone; through the claimant API, the sidecar (its `mode`) and
 //! `leasehold run`; fenced per slot; and a shrink that revokes nobody.
 
 use std::collections::BTreeSet;
@@ -288,4 +288,56 @@ async fn a_writer_holds_every_permit_alone_and_readers_that_queued_behind_it_wai
     let fields: Vec<i64> = written.split_whitespace().map(|f| f.parse().expect("a number")).collect();
     assert_eq!(fields.first(), Some(&0), "a writer holds slot 0: {written:?}");
     assert!(fields.get(1).is_some_and(|t| *t > r3_token), "{written:?}");
+}
+
+#[tokio::test]
+async fn a_sidecar_caller_asks_for_write_and_holds_every_permit_alone_a_bad_mode_changes_nothing() {
+    let env = Env::new("sem-side-rw").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, permits(2)).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let (reader, writer) = (env.sidecar(&a, &[]).await, env.sidecar(&b, &[]).await);
+
+    // A mode the API does not know is refused by name, and nothing is claimed.
+    let (status, refused) = writer.acquire_with(LOCK, json!({"mode": "exclusive", "waitSeconds": 5})).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (400, Some("invalid_mode")), "{refused}");
+    assert_eq!(refused["error"]["message"], "mode must be \"read\" or \"write\", got \"exclusive\"");
+    let claims = env.claims().list(&ListParams::default()).await.expect("list claims");
+    assert!(claims.items.is_empty(), "a refused acquire claimed: {:?}", claims.items);
+
+    let (status, read) = reader.acquire_with(LOCK, json!({"waitSeconds": 30})).await;
+    assert_eq!((status, read["mode"].as_str()), (200, Some("read")), "{read}");
+
+    // The writer waits for the reader, though a permit is free.
+    let writing = tokio::spawn(async move {
+        let answer = writer.acquire_with(LOCK, json!({"mode": "write", "waitSeconds": 60})).await;
+        (writer, answer)
+    });
+    let lock = status_where(&env, "the writer queued", |s| s.queue_length == 1).await;
+    let waiter = &lock.status.expect("status").waiters[0];
+    assert_eq!((waiter.pod.as_deref(), waiter.mode), (Some("b"), Some(ClaimMode::Write)));
+    assert!(!writing.is_finished(), "a writer granted beside a reader");
+
+    let (status, released) = reader.release(LOCK).await;
+    assert_eq!((status, released["wasHeld"].as_bool()), (200, Some(true)), "{released}");
+    let (writer, (status, written)) = writing.await.expect("join");
+    assert_eq!(
+        (status, written["mode"].as_str(), written["slot"].as_u64()),
+        (200, Some("write"), Some(0)),
+        "{written}"
+    );
+    assert!(written["fencingToken"].as_i64() > read["fencingToken"].as_i64(), "{written} after {read}");
+    let lock = status_where(&env, "the writer alone", |s| s.holders.len() == 1).await;
+    let holder = &lock.status.expect("status").holders[0];
+    assert_eq!((holder.pod.as_deref(), holder.mode), (Some("b"), Some(ClaimMode::Write)));
+
+    // A reader now waits for the writer.
+    let reading = tokio::spawn(async move { reader.acquire_with(LOCK, json!({"waitSeconds": 60})).await });
+    status_where(&env, "the reader queued behind the writer", |s| s.queue_length == 1).await;
+    assert!(!reading.is_finished(), "a reader granted beside the writer");
+    let (status, released) = writer.release(LOCK).await;
+    assert_eq!((status, released["wasHeld"].as_bool()), (200, Some(true)), "{released}");
+    let (status, read_again) = reading.await.expect("join");
+    assert_eq!((status, read_again["mode"].as_str()), (200, Some("read")), "{read_again}");
 }

@@ -157,6 +157,7 @@ async fn acquire(
         ));
     }
     let wait = request::validate_wait(request.wait_seconds, api.max_wait)?;
+    let mode = request::validate_mode(request.mode.as_deref())?;
     if let Some(container) = &request.container {
         let pod = api.slots.pod();
         let names = pod.as_deref().map(super::pod::app_containers);
@@ -171,7 +172,7 @@ async fn acquire(
         }
         None => None,
     };
-    let terms = request::terms(&request, ttl);
+    let terms = request::terms(&request, ttl, mode);
     let session = terms.session;
     let (id, mut reply) = api.slots.enqueue(&name, terms);
     let mut leave = Leave { slots: api.slots.clone(), lock: name.clone(), id, armed: true };

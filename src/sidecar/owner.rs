@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use crate::crd::ClaimMode;
+
 /// Names one hold handed to one caller: `h` and 32 lowercase hex digits (128 random bits).
 /// It orders nothing and proves nothing outside the pod: it only keeps one caller's
 /// release, keep-alive or view from touching another caller's hold.
@@ -82,17 +84,19 @@ pub struct Terms {
     pub ttl: Option<Duration>,
     /// The app container whose restart ends the hold.
     pub binding: Binding,
+    /// The mode the hold is taken in.
+    pub mode: ClaimMode,
 }
 
 impl Terms {
     /// A pod-scoped hold as callers get it by default: bound to the only app container.
     pub fn pod() -> Terms {
-        Terms { session: false, ttl: None, binding: Binding::OnlyAppContainer }
+        Terms { session: false, ttl: None, binding: Binding::OnlyAppContainer, mode: ClaimMode::Read }
     }
 
     /// A hold owned by the sidecar itself (hold mode), which lets go on its own terms.
     pub fn sidecar() -> Terms {
-        Terms { session: false, ttl: None, binding: Binding::None }
+        Terms { session: false, ttl: None, binding: Binding::None, mode: ClaimMode::Read }
     }
 
     /// Whether a caller with a handle owns it: a session or a heartbeat. Such a hold is

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use super::api::ApiError;
 use super::owner::{Binding, Handle, Terms};
 use crate::claim::MIN_WAIT;
+use crate::crd::ClaimMode;
 use crate::names::{InvalidLockName, is_dns_label};
 
 /// Largest request body accepted.
@@ -38,6 +39,10 @@ pub struct AcquireRequest {
     /// The app container the caller runs in: the hold ends when that container restarts.
     #[serde(default)]
     pub container: Option<String>,
+    /// `read` (the default: one permit, shared with other readers) or `write` (every
+    /// permit, alone).
+    #[serde(default)]
+    pub mode: Option<String>,
 }
 
 fn bad(code: &'static str, message: String) -> ApiError {
@@ -92,14 +97,26 @@ pub fn validate_container(name: &str, app_containers: Option<&[&str]>) -> Result
     }
 }
 
+/// Checks a mode: `read` (the default) or `write`.
+pub fn validate_mode(mode: Option<&str>) -> Result<ClaimMode, ApiError> {
+    match mode {
+        None | Some("read") => Ok(ClaimMode::Read),
+        Some("write") => Ok(ClaimMode::Write),
+        Some(other) => {
+            let shown: String = other.chars().take(80).collect();
+            Err(bad("invalid_mode", format!("mode must be \"read\" or \"write\", got {shown:?}")))
+        }
+    }
+}
+
 /// Reads an owner handle from a path.
 pub fn parse_handle(text: &str) -> Result<Handle, ApiError> {
     Handle::parse(text).map_err(|message| bad("invalid_handle", message))
 }
 
-/// What the caller asked to end the hold besides a release (the TTL checked later,
-/// against the lock).
-pub fn terms(request: &AcquireRequest, ttl: Option<Duration>) -> Terms {
+/// What the caller asked for: the mode (checked), and what ends the hold besides a release
+/// (the TTL checked later, against the lock).
+pub fn terms(request: &AcquireRequest, ttl: Option<Duration>, mode: ClaimMode) -> Terms {
     let session = request.session.unwrap_or(false);
     let binding = match (&request.container, session || ttl.is_some()) {
         (Some(name), _) => Binding::Container(name.clone()),
@@ -107,7 +124,7 @@ pub fn terms(request: &AcquireRequest, ttl: Option<Duration>) -> Terms {
         (None, true) => Binding::None,
         (None, false) => Binding::OnlyAppContainer,
     };
-    Terms { session, ttl, binding }
+    Terms { session, ttl, binding, mode }
 }
 
 /// What a JSON text starting with `first` is, for error messages.
@@ -193,6 +210,7 @@ mod tests {
             ("  \n", AcquireRequest::default()),
             ("{}", AcquireRequest::default()),
             (" {\"waitSeconds\": 2.5} ", wait(2.5)),
+            (" {\"mode\": \"write\"} ", AcquireRequest { mode: Some("write".into()), ..AcquireRequest::default() }),
             (
                 "{\"session\": true, \"ttlSeconds\": 5, \"container\": \"app\"}",
                 AcquireRequest {
@@ -286,14 +304,33 @@ mod tests {
             container: container.map(str::to_owned),
             ..AcquireRequest::default()
         };
-        assert_eq!(terms(&request(None, None), None), Terms::pod());
-        assert_eq!(terms(&request(Some(false), None), None), Terms::pod());
-        assert_eq!(terms(&request(Some(true), None), None), Terms { session: true, ttl: None, binding: Binding::None });
-        assert_eq!(terms(&request(None, None), ttl), Terms { session: false, ttl, binding: Binding::None });
+        let read = ClaimMode::Read;
+        assert_eq!(terms(&request(None, None), None, read), Terms::pod());
+        assert_eq!(terms(&request(Some(false), None), None, read), Terms::pod());
         assert_eq!(
-            terms(&request(Some(true), Some("app")), ttl),
-            Terms { session: true, ttl, binding: Binding::Container("app".into()) }
+            terms(&request(Some(true), None), None, read),
+            Terms { session: true, ttl: None, binding: Binding::None, mode: read }
         );
+        assert_eq!(
+            terms(&request(None, None), ttl, read),
+            Terms { session: false, ttl, binding: Binding::None, mode: read }
+        );
+        assert_eq!(
+            terms(&request(Some(true), Some("app")), ttl, ClaimMode::Write),
+            Terms { session: true, ttl, binding: Binding::Container("app".into()), mode: ClaimMode::Write }
+        );
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(validate_mode(None).expect("no mode"), ClaimMode::Read);
+        assert_eq!(validate_mode(Some("read")).expect("read"), ClaimMode::Read);
+        assert_eq!(validate_mode(Some("write")).expect("write"), ClaimMode::Write);
+        for bad in ["Write", "READ", "", "exclusive", "write "] {
+            let e = validate_mode(Some(bad)).expect_err(bad);
+            assert_eq!((e.status(), e.code()), (StatusCode::BAD_REQUEST, "invalid_mode"));
+            assert_eq!(e.message(), format!("mode must be \"read\" or \"write\", got {bad:?}"));
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ use super::owner::{self, Binding, Ending, Handle, Terms};
 use super::pod::{self, PodView};
 use crate::boottime;
 use crate::claim::{AcquireError, Claimant, Hold, HoldEvent, HoldStatus, ReleaseOutcome};
+use crate::crd::ClaimMode;
 
 /// How many ended holds per lock are remembered, so that a late or repeated release with
 /// an old handle is answered for what it is.
@@ -45,6 +46,8 @@ pub struct Granted {
     /// The permit slot held (0 for a mutex; a lock with several permits has one Lease per
     /// slot, and a resource fenced per slot checks this slot's token).
     pub slot: u32,
+    /// `read` (one permit, beside other readers) or `write` (every permit, alone).
+    pub mode: &'static str,
     /// The holder identity (this pod).
     pub holder: String,
     /// When the hold lapses unless renewed (or kept alive): the earlier of the sidecar's
@@ -434,15 +437,19 @@ impl Slots {
             return;
         }
         let (this, name, claimant, wait) = (self.clone(), lock.to_owned(), self.claimant.clone(), self.max_wait);
+        // The pod claims in the mode of the caller it serves first.
+        let mode = slot.waiters.front().map_or(ClaimMode::Read, |w| w.terms.mode);
         let task = tokio::spawn(async move {
-            let result = claimant.acquire(&name, wait).await;
-            this.granted(&name, result);
+            let result = claimant.acquire_in(&name, wait, mode).await;
+            this.granted(&name, mode, result);
         });
         slot.acquiring = Some(task.abort_handle());
     }
 
-    /// Hands a grant to the first caller still waiting, or gives it back.
-    fn granted(&self, lock: &str, result: Result<Hold, AcquireError>) {
+    /// Hands a grant (taken in `mode`) to the first caller still waiting, or gives it back:
+    /// also when that caller asked for more than `mode` (a writer whose turn came as the
+    /// reader the claim was made for left), and then claims again for it.
+    fn granted(&self, lock: &str, mode: ClaimMode, result: Result<Hold, AcquireError>) {
         let pod = self.pod();
         let mut slots = self.slots();
         let slot = slots.entry(lock.to_owned()).or_default();
@@ -462,7 +469,8 @@ impl Slots {
         let mut unclaimed = Some(hold);
         let mut handed = None;
         while let Some(hold) = unclaimed.take() {
-            let Some(waiter) = slot.waiters.pop_front() else {
+            let first_served = slot.waiters.front().is_some_and(|w| serves(mode, w.terms.mode));
+            let Some(waiter) = slot.waiters.pop_front().filter(|_| first_served) else {
                 unclaimed = Some(hold);
                 break;
             };
@@ -482,6 +490,7 @@ impl Slots {
                 lock: lock.to_owned(),
                 fencing_token: current.hold.token(),
                 slot: current.hold.slot(),
+                mode: mode_name(mode),
                 holder: self.claimant.identity().id.clone(),
                 expires_at: wall_after(left),
                 lease_duration_seconds: current.hold.timing().lease_duration.as_secs(),
@@ -499,11 +508,14 @@ impl Slots {
             }
         }
         let Some((current, granted)) = handed else {
-            // Everyone left while the grant was on its way: give it back.
+            // Everyone left while the grant was on its way, or the first caller left
+            // needs more than it: give it back, then claim for whoever waits.
             drop(slots);
             if let Some(hold) = unclaimed {
+                let (this, name) = (self.clone(), lock.to_owned());
                 tokio::spawn(async move {
                     hold.release().await;
+                    this.kick(&name);
                 });
             }
             return;
@@ -959,4 +971,18 @@ impl Left {
 /// The wall-clock time `left` from now.
 pub fn wall_after(left: Duration) -> Timestamp {
     Timestamp::now().checked_add(jiff::SignedDuration::try_from(left).unwrap_or_default()).unwrap_or(Timestamp::MAX)
+}
+
+/// Whether a hold taken in `held` serves a caller asking for `asked`: a writer's hold
+/// serves anyone, a reader's only readers.
+fn serves(held: ClaimMode, asked: ClaimMode) -> bool {
+    held == ClaimMode::Write || asked == ClaimMode::Read
+}
+
+/// A mode as the local API spells it.
+pub fn mode_name(mode: ClaimMode) -> &'static str {
+    match mode {
+        ClaimMode::Read => "read",
+        ClaimMode::Write => "write",
+    }
 }
