@@ -124,7 +124,10 @@ async fn acquire(world: &Arc<World>, worker: &Arc<Worker>) -> Option<(i64, Insta
     let path = format!("/v1/locks/{lock}/acquire");
     match worker.kind {
         AppKind::Session => {
-            let body = json!({"waitSeconds": 10});
+            let mut body = json!({"waitSeconds": 10});
+            if worker.writer {
+                body["mode"] = json!("write");
+            }
             let (status, mut session) =
                 tokio::time::timeout(Duration::from_secs(30), open_session(worker.api, lock, body)).await.ok()??;
             let grant = session.next(Duration::from_secs(5)).await;
@@ -135,10 +138,13 @@ async fn acquire(world: &Arc<World>, worker: &Arc<Worker>) -> Option<(i64, Insta
             Some((token, receipt, deadline, Owner::Session { _follower: Follower(follower) }))
         }
         kind => {
-            let body = match kind {
+            let mut body = match kind {
                 AppKind::Heartbeat => json!({"waitSeconds": 10, "ttlSeconds": CALLER_TTL.as_secs_f64()}),
                 _ => json!({"waitSeconds": 10}),
             };
+            if worker.writer {
+                body["mode"] = json!("write");
+            }
             let answer = call(worker, "POST", &path, Some(&body.to_string()), Duration::from_secs(30)).await;
             let receipt = Instant::now();
             let (200, reply) = answer? else { return None };

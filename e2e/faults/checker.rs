@@ -23,7 +23,7 @@
 //!    it — unless another fault on the lock came first; one still in progress when it
 //!    began moves the start to that fault's end and its bound to the longer of the two.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::beliefs::{Belief, beliefs};
@@ -64,6 +64,10 @@ pub struct Inputs<'a> {
     pub leases: &'a LeaseHistory,
     /// App → claimant identity.
     pub identities: &'a HashMap<String, String>,
+    /// Locks with several permits → how many (a lock not listed is a mutex).
+    pub permits: &'a HashMap<String, usize>,
+    /// Apps that take their holds in write mode (every permit, alone).
+    pub writers: &'a HashSet<String>,
     /// What the resources applied.
     pub applied: &'a Applied,
     /// Bounds.
@@ -157,6 +161,9 @@ pub struct Report {
     pub windows: Vec<(String, Instant, Instant, String)>,
     /// Fenced writes applied while another app believed it held, per resource.
     pub applied_during_other_by: BTreeMap<Resource, usize>,
+    /// Locks with several permits: the most apps believing at once, and how many
+    /// beliefs were in write mode.
+    pub permits: BTreeMap<String, (usize, usize)>,
 }
 
 impl Report {
@@ -229,6 +236,9 @@ impl std::fmt::Display for Report {
             self.unjudged.0,
             self.unjudged.1
         )?;
+        for (lock, (most, writes)) in &self.permits {
+            writeln!(f, "lock {lock}: at most {most} apps believed at once; {writes} beliefs in write mode")?;
+        }
         match &self.smallest_gap {
             Some((gap, what)) => writeln!(f, "smallest belief-to-grant gap: {gap} ms ({what})")?,
             None => writeln!(f, "smallest belief-to-grant gap: none (no handover)")?,
@@ -262,6 +272,7 @@ pub fn check(i: &Inputs) -> Report {
     let beliefs = beliefs(i.entries);
     tokens(i, &mut report);
     one_believer(i, &beliefs, &at, &mut report);
+    permits(i, &beliefs, &at, &mut report);
     fenced(i, &beliefs, &at, &mut report);
     adversaries(i, &mut report);
     prompt_loss(i, &at, &mut report);
@@ -269,10 +280,11 @@ pub fn check(i: &Inputs) -> Report {
     report
 }
 
-/// 1. Tokens strictly increase per lock; every token told was granted to its app.
+/// 1. Tokens strictly increase per lock Lease (per slot, for a lock with several permits);
+///    every token told was granted to its app.
 fn tokens(i: &Inputs, report: &mut Report) {
     for lock in i.leases.states.keys() {
-        for pair in i.leases.grants(lock).windows(2) {
+        for pair in i.leases.lease_grants(lock).windows(2) {
             let ((a, ta, _), (b, tb, _)) = (&pair[0], &pair[1]);
             if tb <= ta {
                 report.violate(
@@ -312,7 +324,7 @@ fn one_believer(
     at: &dyn Fn(Instant) -> i128,
     report: &mut Report,
 ) {
-    for (lock, list) in beliefs {
+    for (lock, list) in beliefs.iter().filter(|(lock, _)| !i.permits.contains_key(*lock)) {
         let mut smallest: Option<i128> = None;
         for (n, b) in list.iter().enumerate() {
             // Every earlier belief of another app: b's grant must come after it ended.
@@ -360,6 +372,67 @@ fn one_believer(
         }
         if let Some(gap) = smallest {
             report.gaps.insert(lock.clone(), gap);
+        }
+    }
+}
+
+/// 2b. Locks with several permits: never more apps believe at once than the lock has
+///     permits, and nobody believes beside an app holding in write mode.
+fn permits(i: &Inputs, beliefs: &BTreeMap<String, Vec<Belief>>, at: &dyn Fn(Instant) -> i128, report: &mut Report) {
+    for (lock, list) in beliefs {
+        let Some(&permits) = i.permits.get(lock) else { continue };
+        let seen = report.permits.entry(lock.clone()).or_default();
+        seen.1 = list.iter().filter(|b| i.writers.contains(&b.client)).count();
+        for (n, b) in list.iter().enumerate() {
+            // The beliefs b's start falls in (the most at once is reached at some start).
+            let during: Vec<&Belief> = list[..n]
+                .iter()
+                .filter(|a| !same_hold(i, &a.client, a.token, &b.client, b.token) && b.start < a.end)
+                .collect();
+            let window =
+                (b.start.checked_sub(Duration::from_secs(3)).unwrap_or(b.start), b.start + Duration::from_secs(3));
+            // Apps of one pod believing one token are one hold.
+            let mut at_once: Vec<&Belief> = vec![b];
+            for a in &during {
+                if !at_once.iter().any(|x| same_hold(i, &x.client, x.token, &a.client, a.token)) {
+                    at_once.push(a);
+                }
+            }
+            let most = &mut report.permits.get_mut(lock).expect("entered above").0;
+            *most = (*most).max(at_once.len());
+            if at_once.len() > permits {
+                let who: Vec<String> = at_once.iter().map(|a| format!("{} (token {})", a.client, a.token)).collect();
+                report.violate_in(
+                    "permits",
+                    format!(
+                        "lock {lock}: {} apps believed they held at +{} ms, with {permits} permits: {}",
+                        at_once.len(),
+                        at(b.start),
+                        who.join(", ")
+                    ),
+                    lock,
+                    window.0,
+                    window.1,
+                );
+            }
+            let writer = |x: &Belief| i.writers.contains(&x.client);
+            if let Some(a) = during.iter().find(|a| writer(a) || writer(b)) {
+                let (w, other) = if writer(a) { (*a, b) } else { (b, *a) };
+                report.violate_in(
+                    "writer alone",
+                    format!(
+                        "lock {lock}: {} (token {}) believed it held beside writer {} (token {}) at +{} ms",
+                        other.client,
+                        other.token,
+                        w.client,
+                        w.token,
+                        at(b.start)
+                    ),
+                    lock,
+                    window.0,
+                    window.1,
+                );
+            }
         }
     }
 }
@@ -659,7 +732,122 @@ mod tests {
 
     fn run(entries: &[Entry], faults: &[Fault], leases: &LeaseHistory, applied: &Applied) -> Report {
         let identities = identities();
-        check(&Inputs { entries, faults, leases, identities: &identities, applied, bounds: BOUNDS })
+        let (permits, writers) = (HashMap::new(), HashSet::new());
+        let inputs = Inputs {
+            entries,
+            faults,
+            leases,
+            identities: &identities,
+            permits: &permits,
+            writers: &writers,
+            applied,
+            bounds: BOUNDS,
+        };
+        check(&inputs)
+    }
+
+    /// The checker on lock `l` with `permits` permits and `writers` in write mode.
+    fn run_permits(entries: &[Entry], permits: usize, writers: &[&str]) -> Report {
+        let identities = identities();
+        let permits = HashMap::from([("l".to_owned(), permits)]);
+        let writers = writers.iter().map(|w| (*w).to_owned()).collect();
+        let leases = LeaseHistory::default();
+        let inputs = Inputs {
+            entries,
+            faults: &[],
+            leases: &leases,
+            identities: &identities,
+            permits: &permits,
+            writers: &writers,
+            applied: &Applied::new(),
+            bounds: BOUNDS,
+        };
+        check(&inputs)
+    }
+
+    #[test]
+    fn permits_are_never_exceeded_and_a_writer_is_alone() {
+        let base = Instant::now();
+        let overlaps = |r: &Report, what: &str| r.violations.iter().filter(|v| v.contains(what)).count();
+        // (name, history, permits, writers, too many at once, beside a writer).
+        type Case<'a> = (&'a str, Vec<Entry>, usize, &'a [&'a str], usize, usize);
+        let cases: Vec<Case> = vec![
+            (
+                "two readers on two permits",
+                vec![granted(base, 0, "a", 1, 4000), granted(base, 100, "b", 2, 4000)],
+                2,
+                &[],
+                0,
+                0,
+            ),
+            (
+                "three at once on two permits",
+                vec![
+                    granted(base, 0, "a", 1, 4000),
+                    granted(base, 100, "b", 2, 4000),
+                    granted(base, 3999, "c", 3, 4000),
+                ],
+                2,
+                &[],
+                1,
+                0,
+            ),
+            (
+                "the third once the first let go",
+                vec![
+                    granted(base, 0, "a", 1, 4000),
+                    granted(base, 100, "b", 2, 4000),
+                    e(base, 2000, "a", Op::Release { token: 1 }),
+                    granted(base, 2000, "c", 3, 4000),
+                ],
+                2,
+                &[],
+                0,
+                0,
+            ),
+            (
+                "a writer granted while a reader believes",
+                vec![granted(base, 0, "a", 1, 4000), granted(base, 3999, "b", 2, 4000)],
+                2,
+                &["b"],
+                0,
+                1,
+            ),
+            (
+                "a reader granted while the writer believes",
+                vec![granted(base, 0, "a", 1, 4000), granted(base, 1000, "b", 2, 4000)],
+                2,
+                &["a"],
+                0,
+                1,
+            ),
+            (
+                "a writer after the readers let go",
+                vec![
+                    granted(base, 0, "a", 1, 4000),
+                    granted(base, 10, "c", 2, 4000),
+                    e(base, 500, "a", Op::Release { token: 1 }),
+                    e(base, 600, "c", Op::NotHeld),
+                    granted(base, 600, "b", 3, 4000),
+                    e(base, 900, "b", Op::Release { token: 3 }),
+                    granted(base, 900, "a", 4, 4000),
+                ],
+                2,
+                &["b"],
+                0,
+                0,
+            ),
+        ];
+        for (name, entries, permits, writers, too_many, beside_writer) in cases {
+            let report = run_permits(&entries, permits, writers);
+            assert_eq!(overlaps(&report, "apps believed they held at"), too_many, "{name}:\n{report}");
+            assert_eq!(overlaps(&report, "beside writer"), beside_writer, "{name}:\n{report}");
+            assert_eq!(
+                overlaps(&report, "both believed they held"),
+                0,
+                "{name}: one believer is for mutexes:\n{report}"
+            );
+        }
     }
 
     fn fault(base: Instant, kind: &'static str, start: u64, recover: u64) -> Fault {

@@ -13,7 +13,8 @@ use serde_json::json;
 
 use super::history::Fault;
 use super::world::{
-    AppKind, CALLER_TTL, HOLD_LOCK, JOB_LOCK, LEASE, MAX_HOLD_LOCK, MAX_HOLD_SECONDS, Worker, World, set_clock,
+    AppKind, CALLER_TTL, HOLD_LOCK, JOB_LOCK, LEASE, MAX_HOLD_LOCK, MAX_HOLD_SECONDS, RW_LOCK, SEMAPHORE_LOCK, Worker,
+    World, set_clock,
 };
 
 /// How long a fault on a caller-owned hold waits for an app of that kind to hold the lock.
@@ -48,6 +49,33 @@ pub const SIDECAR: &[&str] = &[
     "app-hung",
 ];
 
+/// Faults on the semaphore and the read-write lock: those on an ordinary lock but the
+/// adversaries of fenced objects (their holders write to no shared fenced resource).
+pub const PERMIT: &[&str] = &[
+    "holder-sigstop",
+    "adv-lease-delete",
+    "force-release",
+    "waiter-sigstop",
+    "adv-claim-delete",
+    "holder-sigkill",
+    "pod-force-deleted",
+    "network-blackhole",
+    "timing-shorter",
+    "adv-free-lease-write",
+    "holder-pod-deleted",
+    "clock-ahead",
+    "lease-deleted",
+    "holder-sigterm",
+    "adv-lease-recreate",
+    "network-drop",
+    "timing-longer",
+    "clock-behind",
+    "network-delay",
+    "lease-deleted-twice",
+    "app-sigkill",
+    "app-hung",
+];
+
 /// Faults on the max-hold lock.
 pub const MAX_HOLD: &[&str] = &["max-hold"];
 /// Faults on the hold-mode lock.
@@ -61,6 +89,7 @@ pub fn kinds_for(lock: &str) -> &'static [&'static str] {
         MAX_HOLD_LOCK => MAX_HOLD,
         HOLD_LOCK => HOLD,
         JOB_LOCK => JOB,
+        SEMAPHORE_LOCK | RW_LOCK => PERMIT,
         _ => SIDECAR,
     }
 }
@@ -391,4 +420,15 @@ async fn max_hold(world: &Arc<World>, lock: &str) -> Option<Fault> {
         })
         .await?;
     Some(Fault { note: format!("revoked token {token}"), ..record("max-hold", lock, start, revoked.seen) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permit_faults_are_the_ordinary_ones_but_the_attacks_on_fenced_objects() {
+        let expected: Vec<&str> = SIDECAR.iter().copied().filter(|k| !k.starts_with("adv-fenced-")).collect();
+        assert_eq!(PERMIT, expected.as_slice());
+    }
 }

@@ -26,7 +26,7 @@ mod record;
 mod runjob;
 mod world;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -171,9 +171,14 @@ fn show_violations(
 ) {
     let Some(base) = entries.iter().map(|e| e.at).chain(faults.iter().map(|f| f.start)).min() else { return };
     for (lock, from, to, violation) in &report.windows {
-        for s in leases.states.get(lock).into_iter().flatten().filter(|s| s.seen >= *from && s.seen <= *to) {
+        let slots =
+            leases.states.iter().filter(|(name, _)| leasehold::lease::slot::of_lease_name(lock, name).is_some());
+        for (lease, s) in slots
+            .flat_map(|(name, l)| l.iter().map(move |s| (name, s)))
+            .filter(|(_, s)| s.seen >= *from && s.seen <= *to)
+        {
             eprintln!(
-                "    +{:>8} ms lease {lock}: exists {} holder {:?} token {:?} draining {:?} revoked {:?}",
+                "    +{:>8} ms lease {lease}: exists {} holder {:?} token {:?} draining {:?} revoked {:?}",
                 history::signed_ms(base, s.seen),
                 s.exists,
                 s.holder,
@@ -209,11 +214,16 @@ async fn finish(world: &World) -> (checker::Report, Vec<history::Entry>, Vec<Fau
     let leases = world.leases.history();
     let identities: HashMap<String, String> =
         world.identities.lock().expect("lock").iter().map(|(a, i)| (a.clone(), i.clone())).collect();
+    let permits: HashMap<String, usize> =
+        world.all_locks().into_iter().filter_map(|l| world::permits_of(&l).map(|n| (l, n))).collect();
+    let writers: HashSet<String> = world.writers.lock().expect("lock").iter().cloned().collect();
     let inputs = checker::Inputs {
         entries: &entries,
         faults: &faults,
         leases: &leases,
         identities: &identities,
+        permits: &permits,
+        writers: &writers,
         applied: &applied,
         bounds: BOUNDS,
     };
@@ -266,6 +276,15 @@ fn assert_clean(report: &checker::Report, total: usize, layout: &Layout) {
     assert!(report.grants > injected / 2, "too few grants for a meaningful run:\n{report}");
     assert!(report.zombies.2 > 0, "no zombie write was exercised:\n{report}");
     assert!(report.violations.is_empty(), "violations:\n{report}");
+    if layout.permits {
+        // The locks with several permits were shared, and written alone.
+        for lock in [world::SEMAPHORE_LOCK, world::RW_LOCK] {
+            let most = report.permits.get(lock).map_or(0, |p| p.0);
+            assert_eq!(most, world::PERMITS, "lock {lock} never had all its permits believed at once:\n{report}");
+        }
+        let writes = report.permits.get(world::RW_LOCK).map_or(0, |p| p.1);
+        assert!(writes > 0, "no app believed it held lock {} in write mode:\n{report}", world::RW_LOCK);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,6 +324,7 @@ async fn scenario(layout: Layout, kinds: &[&'static str], times: usize) -> check
         for &kind in kinds {
             let lock = match kind {
                 "max-hold" => world::MAX_HOLD_LOCK.to_owned(),
+                _ if world.locks.is_empty() => world::RW_LOCK.to_owned(),
                 _ => world.locks[0].clone(),
             };
             world.ensure_workers(&lock).await;
@@ -381,6 +401,34 @@ async fn broken_controller_regrant_is_caught() {
     let report = scenario(revocations(broken("LEASEHOLD_BROKEN_CONTROLLER")), REVOKING, 2).await;
     eprintln!("broken controller run:\n{report}");
     assert!(report.violations.iter().any(|v| v.contains("both believed they held")), "{report}");
+}
+
+/// The semaphore and the read-write lock alone (no ordinary lock): faults run on the
+/// read-write lock, whose writers and readers come and go meanwhile. Sections are long,
+/// so that readers overlap and a writer often waits while one of them still holds.
+fn readers_and_writers(controller_bin: Option<String>) -> Layout {
+    Layout { permits: true, sections: world::Sections::long(), controller_bin, ..Layout::plain(0, 3) }
+}
+
+const RW_FAULTS: &[&str] = &["holder-sigstop", "waiter-sigstop", "holder-sigkill"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "with its broken counterpart: run by `make test-faults`"]
+async fn a_writer_never_holds_beside_readers() {
+    let report = scenario(readers_and_writers(None), RW_FAULTS, 4).await;
+    eprintln!("{report}");
+    assert!(report.violations.is_empty(), "{report}");
+    assert!(report.permits.get(world::RW_LOCK).is_some_and(|(_, writes)| *writes > 0), "no writer held:\n{report}");
+}
+
+/// A controller built with `broken-writer-shares` serves a writer once slot 0 is free,
+/// beside the readers holding the other slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the broken controller binary: run by `make test-faults`"]
+async fn broken_writer_sharing_is_caught() {
+    let report = scenario(readers_and_writers(broken("LEASEHOLD_BROKEN_SERVE")), RW_FAULTS, 4).await;
+    eprintln!("broken serving run:\n{report}");
+    assert!(report.violations.iter().any(|v| v.contains("beside writer")), "{report}");
 }
 
 /// Force-deleted Pods whose containers keep running, with the controllers down: the

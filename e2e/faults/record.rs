@@ -17,8 +17,9 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use leasehold::crd::{
-    ANNOTATION_DRAINING, ANNOTATION_REVOKED, ANNOTATION_TOKEN, LABEL_FENCED_BY, LABEL_LOCK, LABEL_ROLE, ROLE_LOCK,
+    ANNOTATION_DRAINING, ANNOTATION_REVOKED, ANNOTATION_TOKEN, LABEL_FENCED_BY, LABEL_ROLE, ROLE_LOCK,
 };
+use leasehold::lease::slot;
 
 /// One state of a lock Lease, as the watch saw it.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,17 +53,36 @@ impl LeaseState {
 /// What every lock Lease went through.
 #[derive(Clone, Debug, Default)]
 pub struct LeaseHistory {
-    /// Distinct states per lock, in the order seen.
+    /// Distinct states per Lease, in the order seen: by Lease name, which is the lock's
+    /// name for a mutex (and slot 0), `<lock>.<slot>` for the other slots of a lock with
+    /// several permits.
     pub states: BTreeMap<String, Vec<LeaseState>>,
     /// When the watch re-listed.
     pub relists: Vec<Instant>,
 }
 
 impl LeaseHistory {
-    /// The grants of `lock` in Lease order: (holder, token, seen).
+    /// The states of every slot Lease of `lock`.
+    fn slots<'a>(&'a self, lock: &'a str) -> impl Iterator<Item = &'a Vec<LeaseState>> + 'a {
+        self.states.iter().filter(move |(name, _)| slot::of_lease_name(lock, name).is_some()).map(|(_, list)| list)
+    }
+
+    /// The grants of `lock` on any of its slots, in the order seen: (holder, token, seen).
     pub fn grants(&self, lock: &str) -> Vec<(String, i64, Instant)> {
+        let mut grants: Vec<(String, i64, Instant)> = self
+            .states
+            .keys()
+            .filter(|name| slot::of_lease_name(lock, name).is_some())
+            .flat_map(|name| self.lease_grants(name))
+            .collect();
+        grants.sort_by_key(|(_, _, seen)| *seen);
+        grants
+    }
+
+    /// The grants of the Lease named `lease` in Lease order: (holder, token, seen).
+    pub fn lease_grants(&self, lease: &str) -> Vec<(String, i64, Instant)> {
         let mut grants: Vec<(String, i64, Instant)> = Vec::new();
-        for s in self.states.get(lock).into_iter().flatten().filter(|s| s.is_grant()) {
+        for s in self.states.get(lease).into_iter().flatten().filter(|s| s.is_grant()) {
             let (holder, token) = (s.holder.clone().unwrap_or_default(), s.token.unwrap_or_default());
             if grants.last().is_none_or(|(h, t, _)| (h, *t) != (&holder, token)) {
                 grants.push((holder, token, s.seen));
@@ -71,9 +91,9 @@ impl LeaseHistory {
         grants
     }
 
-    /// When the Lease of `lock` was first seen carrying a token above `token`.
+    /// When a slot Lease of `lock` was first seen carrying a token above `token`.
     pub fn superseded(&self, lock: &str, token: i64) -> Option<Instant> {
-        self.states.get(lock)?.iter().filter(|s| s.token.is_some_and(|t| t > token)).map(|s| s.seen).min()
+        self.slots(lock).flatten().filter(|s| s.token.is_some_and(|t| t > token)).map(|s| s.seen).min()
     }
 
     /// Whether a re-list happened within `window` of `at`.
@@ -102,7 +122,7 @@ fn state_of(lease: &Lease, seen: Instant) -> LeaseState {
 }
 
 impl LeaseLog {
-    /// Starts recording the lock Leases of `api`'s namespace.
+    /// Starts recording the lock Leases (every slot's) of `api`'s namespace.
     pub fn start(api: Api<Lease>) -> LeaseLog {
         let history: Arc<Mutex<LeaseHistory>> = Arc::default();
         let (tx, changed) = tokio::sync::watch::channel(0);
@@ -114,14 +134,8 @@ impl LeaseLog {
             while let Some(event) = events.next().await {
                 let now = Instant::now();
                 let (lock, state) = match event {
-                    Ok(Event::Apply(l) | Event::InitApply(l)) => {
-                        let lock = l.labels().get(LABEL_LOCK).cloned().unwrap_or_else(|| l.name_any());
-                        (lock, state_of(&l, now))
-                    }
-                    Ok(Event::Delete(l)) => {
-                        let lock = l.labels().get(LABEL_LOCK).cloned().unwrap_or_else(|| l.name_any());
-                        (lock, LeaseState { exists: false, ..state_of(&l, now) })
-                    }
+                    Ok(Event::Apply(l) | Event::InitApply(l)) => (l.name_any(), state_of(&l, now)),
+                    Ok(Event::Delete(l)) => (l.name_any(), LeaseState { exists: false, ..state_of(&l, now) }),
                     Ok(Event::Init) => {
                         if !std::mem::take(&mut first_list) {
                             recorded.lock().expect("not poisoned").relists.push(now);
@@ -187,7 +201,7 @@ impl LeaseLog {
         }
     }
 
-    /// The current state of `lock`'s Lease.
+    /// The current state of `lock`'s Lease (slot 0's, for a lock with several permits).
     pub fn current(&self, lock: &str) -> Option<LeaseState> {
         self.history.lock().expect("not poisoned").states.get(lock).and_then(|l| l.last().cloned())
     }

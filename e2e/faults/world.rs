@@ -35,6 +35,11 @@ pub fn timing() -> DistributedLockSpec {
     }
 }
 
+/// The permits of `lock`, if it has several.
+pub fn permits_of(lock: &str) -> Option<usize> {
+    matches!(lock, SEMAPHORE_LOCK | RW_LOCK).then_some(PERMITS)
+}
+
 /// The lease duration of [`timing`].
 pub const LEASE: Duration = Duration::from_secs(5);
 /// The controllers' election lease.
@@ -48,6 +53,14 @@ pub const HOLD_LOCK: &str = "leader";
 pub const JOB_LOCK: &str = "job";
 /// The lock whose holds all end by `maxHoldSeconds`.
 pub const MAX_HOLD_LOCK: &str = "maxhold";
+/// A semaphore: [`PERMITS`] permits, every worker a reader.
+pub const SEMAPHORE_LOCK: &str = "sem";
+/// A read-write lock with [`PERMITS`] permits: some workers write, the others read.
+pub const RW_LOCK: &str = "rw";
+/// The permits of the semaphore and the read-write lock.
+pub const PERMITS: usize = 2;
+/// Worker pods on each lock with several permits: more than its permits.
+const PERMIT_WORKERS: usize = 4;
 /// A lock nobody uses (its Lease stays free): a target for adversarial writes.
 pub const IDLE_LOCK: &str = "idle";
 /// The caller TTL of heartbeat apps.
@@ -129,6 +142,8 @@ pub struct Layout {
     pub hold: bool,
     /// The job lock with two `leasehold run` pods.
     pub job: bool,
+    /// The semaphore and the read-write lock, with their workers.
+    pub permits: bool,
     /// Critical sections on the ordinary locks.
     pub sections: Sections,
     /// Every worker on the sidecar locks trusts only answers (no event stream).
@@ -149,6 +164,7 @@ impl Layout {
             max_hold: false,
             hold: false,
             job: false,
+            permits: false,
             sections: Sections::mixed(),
             views_only: false,
             holder_bin: None,
@@ -158,7 +174,7 @@ impl Layout {
 
     /// Everything.
     pub fn full(locks: usize, per_lock: usize) -> Layout {
-        Layout { max_hold: true, hold: true, job: true, ..Layout::plain(locks, per_lock) }
+        Layout { max_hold: true, hold: true, job: true, permits: true, ..Layout::plain(locks, per_lock) }
     }
 }
 
@@ -174,6 +190,8 @@ pub struct Worker {
     pub sections: Sections,
     /// Its Pod and credentials.
     pub pod: TestPod,
+    /// Whether its app takes holds in write mode (on the read-write lock).
+    pub writer: bool,
     /// Its sidecar process (none for `leasehold run` pods).
     pub sidecar: Mutex<Option<LeaseholdProcess>>,
     /// The sidecar's lock API.
@@ -252,6 +270,8 @@ pub struct World {
     pub workers: Mutex<BTreeMap<String, Arc<Worker>>>,
     /// Every app that ever ran: app name → claimant identity.
     pub identities: Mutex<BTreeMap<String, String>>,
+    /// Every app that ever took its holds in write mode.
+    pub writers: Mutex<std::collections::BTreeSet<String>>,
     /// The history.
     pub history: History,
     /// Every state of every lock Lease.
@@ -359,6 +379,7 @@ impl World {
             locks: (0..layout.locks).map(|i| format!("lock-{i}")).collect(),
             workers: Mutex::default(),
             identities: Mutex::default(),
+            writers: Mutex::default(),
             history: History::default(),
             leases,
             configmaps,
@@ -381,6 +402,9 @@ impl World {
             let mut spec = timing();
             if lock == MAX_HOLD_LOCK {
                 spec.max_hold_seconds = Some(MAX_HOLD_SECONDS);
+            }
+            if let Some(permits) = permits_of(&lock) {
+                spec.permits = i32::try_from(permits).expect("a few permits");
             }
             world.env.lock(&lock, spec).await;
             for table in ["fenced", "unfenced"] {
@@ -422,6 +446,9 @@ impl World {
                 all.push(lock.to_owned());
             }
         }
+        if self.layout.permits {
+            all.extend([SEMAPHORE_LOCK.to_owned(), RW_LOCK.to_owned()]);
+        }
         all
     }
 
@@ -444,6 +471,7 @@ impl World {
     fn workers_for(&self, lock: &str) -> usize {
         match lock {
             HOLD_LOCK | JOB_LOCK => 2,
+            SEMAPHORE_LOCK | RW_LOCK => PERMIT_WORKERS,
             _ => self.layout.per_lock,
         }
     }
@@ -550,6 +578,11 @@ impl World {
         };
         let kind = self.kind_for(lock, n);
         let name = format!("w{n}-{lock}");
+        // Writers and readers of every kind, over the run.
+        let writer = lock == RW_LOCK && (n + n / 4) % 2 == 0;
+        if writer {
+            self.writers.lock().expect("lock").insert(name.clone());
+        }
         let pod = self.env.pod(&name).await;
         self.env.wait_claim_rbac(&pod).await;
         let upstream: SocketAddr =
@@ -569,6 +602,7 @@ impl World {
             lock: lock.to_owned(),
             kind,
             sections,
+            writer,
             pod,
             sidecar: Mutex::new(None),
             api: SocketAddr::from(([127, 0, 0, 1], free_port())),
@@ -726,6 +760,11 @@ impl World {
     /// that check); logs each attempt.
     pub async fn write_all(&self, worker: &Worker, client: &str, token: i64, acting: impl Fn() -> bool, zombie: bool) {
         let lock = &worker.lock;
+        // Holders of a lock with several permits hold at once: their checks are on what
+        // they believe (the checker's permits), not on one shared fenced resource.
+        if permits_of(lock).is_some() {
+            return;
+        }
         for (statement, resource) in [(FENCED_WRITE, Resource::Postgres), (UNFENCED_WRITE, Resource::Unfenced)] {
             let believed = acting();
             if !believed && !zombie {

@@ -16,6 +16,10 @@
 
 use crate::crd::Fairness;
 
+/// Test only (`broken-writer-shares`): a writer waits for slot 0 alone, and so holds beside
+/// the readers of the other slots.
+const WRITER_SHARES: bool = cfg!(feature = "broken-writer-shares");
+
 /// How a waiter holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -59,7 +63,10 @@ pub fn serve(slots: &[Slot], permits: usize, fairness: Fairness, queue: &[Mode])
         let slot = match mode {
             Mode::Shared if taken.iter().filter(|t| **t).count() < permits => (0..grantable).find(|i| !taken[*i]),
             Mode::Shared => None,
-            Mode::Exclusive => (grantable > 0 && !taken.iter().any(|t| *t)).then_some(0),
+            Mode::Exclusive => {
+                let waits = if WRITER_SHARES { taken.first().copied().unwrap_or(false) } else { taken.contains(&true) };
+                (grantable > 0 && !waits).then_some(0)
+            }
         };
         match slot {
             Some(slot) => {
