@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use super::target::{self, PodNamespace};
-use crate::crd::{DistributedLock, ForceReleaseRequest, LABEL_LOCK, LockClaim};
-use crate::lease::Identity;
+use crate::crd::{DistributedLock, ForceReleaseRequest, LABEL_LOCK, LABEL_ROLE, LockClaim, ROLE_LOCK};
+use crate::lease::{Identity, slot};
 
 /// How `status` prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -91,6 +91,17 @@ async fn observe(client: &kube::Client, namespace: &str, name: &str) -> anyhow::
         .get_opt(name)
         .await
         .with_context(|| format!("failed to read the Lease of lock {namespace}/{name}"))?;
+    // The other slots of a lock with several permits: Leases labelled with the lock whose
+    // name says which slot.
+    let mut slots: Vec<(u32, Lease)> = Api::<Lease>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&format!("{LABEL_LOCK}={name},{LABEL_ROLE}={ROLE_LOCK}")))
+        .await
+        .with_context(|| format!("failed to list the slot Leases of lock {namespace}/{name}"))?
+        .items
+        .into_iter()
+        .filter_map(|l| Some((slot::of_lease_name(name, l.metadata.name.as_deref()?).filter(|s| *s > 0)?, l)))
+        .collect();
+    slots.sort_by_key(|(slot, _)| *slot);
     let claims = Api::<LockClaim>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("{LABEL_LOCK}={name}")))
         .await
@@ -103,7 +114,7 @@ async fn observe(client: &kube::Client, namespace: &str, name: &str) -> anyhow::
         .map(|l| l.items)
         .unwrap_or_default();
     let mut pods: Vec<String> = claims.iter().filter_map(|c| c.spec.pod.clone()).collect();
-    if let Some(holder) = lease.as_ref().and_then(|l| crate::claim::edit::holder(l)) {
+    for holder in lease.iter().chain(slots.iter().map(|(_, l)| l)).filter_map(crate::claim::edit::holder) {
         pods.extend(Identity::parse(holder).pod.map(|p| p.name));
     }
     pods.sort();
@@ -111,6 +122,7 @@ async fn observe(client: &kube::Client, namespace: &str, name: &str) -> anyhow::
     Ok(view::Observed {
         lock,
         lease,
+        slots,
         claims,
         requests,
         owners: owners(client, namespace, &pods).await,

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::controller::queue;
 use crate::controller::view::{self as lease_view, LeaseState};
-use crate::crd::{DistributedLock, ForceReleaseRequest, LockClaim, Phase};
+use crate::crd::{ANNOTATION_MODE, ClaimMode, DistributedLock, ForceReleaseRequest, LockClaim, Phase};
 use crate::lease::Identity;
 
 /// How many force-release happenings the text shows (JSON carries all the status keeps).
@@ -24,8 +24,10 @@ const SHOWN_HISTORY: usize = 5;
 pub struct Observed {
     /// The lock.
     pub lock: DistributedLock,
-    /// Its Lease, if it exists.
+    /// Its Lease (slot 0's, for a lock with several permits), if it exists.
     pub lease: Option<Lease>,
+    /// The Leases of its other slots, with their slot numbers.
+    pub slots: Vec<(u32, Lease)>,
     /// The LockClaims labelled with the lock's name.
     pub claims: Vec<LockClaim>,
     /// The namespace's ForceReleaseRequests (those of other locks are ignored).
@@ -70,6 +72,24 @@ pub struct HolderView {
     pub held_seconds: Option<f64>,
     /// Whether the holder has confirmed the grant (renewed at least once).
     pub confirmed: bool,
+}
+
+/// The holder of one slot of a lock with several permits.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotHolderView {
+    /// The slot: its Lease is `<lock>` for 0, `<lock>.<slot>` for the others.
+    pub slot: u32,
+    /// `Held`, `Granted` (not confirmed yet) or `Draining`.
+    pub state: String,
+    /// `Read` (one permit) or `Write` (every permit).
+    pub mode: String,
+    /// The holder (while draining, the revoked one).
+    #[serde(flatten)]
+    pub holder: HolderView,
+    /// While draining: the revoked token and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draining: Option<String>,
 }
 
 /// One waiter, in grant order.
@@ -153,8 +173,13 @@ pub struct LockView {
     /// `Free`, `Held` (confirmed), `Granted` (not confirmed yet), `Draining` (a revoked
     /// holder may still believe it holds), or `NoLease` (the controller has not made it).
     pub state: String,
-    /// The holder; while draining, the revoked holder.
+    /// The holder; while draining, the revoked holder. For a lock with several permits,
+    /// slot 0's (every holder is in `holders`).
     pub holder: Option<HolderView>,
+    /// The lock's permits (1: a mutex).
+    pub permits: u32,
+    /// Every slot's holder, by slot.
+    pub holders: Vec<SlotHolderView>,
     /// While draining: the revoked token and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draining: Option<String>,
@@ -212,31 +237,52 @@ pub fn lock_view(o: &Observed) -> LockView {
         held_seconds: acquired.map(|t| seconds_between(t, o.now)),
         confirmed,
     };
-    let (state, holder, draining) = match o.lease.as_ref().map(lease_view::lease_state) {
-        None => ("NoLease", None, None),
-        Some(LeaseState::Free) => ("Free", None, None),
-        Some(LeaseState::Held(h)) => {
+    let slot_state = |lease: &Lease| match lease_view::lease_state(lease) {
+        LeaseState::Free => ("Free", None, None),
+        LeaseState::Held(h) => {
             let state = if h.confirmed { "Held" } else { "Granted" };
             (state, Some(holder_of(&h.identity, h.token, h.acquire_time, h.confirmed)), None)
         }
-        Some(LeaseState::Draining(d)) => {
-            let acquired = o.lease.as_ref().and_then(|l| l.spec.as_ref()?.acquire_time.as_ref()).map(|t| t.0);
+        LeaseState::Draining(d) => {
+            let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.as_ref()).map(|t| t.0);
             let holder = d.holder.as_ref().map(|i| holder_of(i, d.revoked, acquired, true));
             let token = d.revoked.map_or_else(|| "unreadable".to_owned(), |t| t.to_string());
             let why = d.reason.map_or_else(String::new, |r| format!(": {r}"));
             ("Draining", holder, Some(format!("token {token} revoked{why}")))
         }
     };
+    let (mut state, holder, draining) = o.lease.as_ref().map_or(("NoLease", None, None), slot_state);
+    let leases = o.lease.iter().map(|l| (0, l)).chain(o.slots.iter().map(|(slot, l)| (*slot, l)));
+    let holders: Vec<SlotHolderView> = leases
+        .filter_map(|(slot, lease)| {
+            let (state, holder, draining) = slot_state(lease);
+            let write = lease.annotations().get(ANNOTATION_MODE).is_some_and(|m| m == ClaimMode::Write.as_str());
+            let mode = if write { ClaimMode::Write } else { ClaimMode::Read };
+            Some(SlotHolderView {
+                slot,
+                state: state.to_owned(),
+                mode: mode.as_str().to_owned(),
+                holder: holder?,
+                draining,
+            })
+        })
+        .collect();
+    let permits = u32::try_from(o.lock.spec.permits).unwrap_or(1).max(1);
+    if permits > 1 {
+        // The lock is held while any slot is.
+        let states = ["Held", "Granted", "Draining"];
+        state = states.into_iter().find(|s| holders.iter().any(|h| h.state == *s)).unwrap_or(state);
+    }
     let name = o.lock.name_any();
     // The queue as the controller serves it: well-formed claims on this lock, in claim
-    // order, the holder's own claim left out.
+    // order, the holders' own claims left out.
     let mut claims: Vec<_> =
         o.claims.iter().filter_map(|c| lease_view::claim(c, &name, Duration::from_secs(3600))).collect();
     queue::order(&mut claims);
-    let holder_id = holder.as_ref().map(|h| h.who.identity.clone());
+    let holder_ids: Vec<&str> = holders.iter().map(|h| h.holder.who.identity.as_str()).collect();
     let queue = claims
         .iter()
-        .filter(|c| Some(&c.identity.id) != holder_id.as_ref())
+        .filter(|c| !holder_ids.contains(&c.identity.id.as_str()))
         .enumerate()
         .map(|(i, c)| WaiterView {
             position: i + 1,
@@ -292,6 +338,8 @@ pub fn lock_view(o: &Observed) -> LockView {
         lock: name,
         state: state.to_owned(),
         holder,
+        permits,
+        holders,
         draining,
         fencing_token: status.fencing_token,
         queue,
@@ -316,20 +364,10 @@ pub fn age(seconds: f64) -> String {
 /// The text of `leasehold status <namespace>/<lock>`.
 pub fn lock_text(v: &LockView) -> String {
     let mut out = format!("Lock:      {}/{}\nState:     {}\n", v.namespace, v.lock, v.state);
-    match &v.holder {
-        Some(h) => {
-            out.push_str(&format!("Holder:    {}\n", h.who.display));
-            out.push_str(&format!("Identity:  {}\n", h.who.identity));
-            let token = h.token.map_or_else(|| "unreadable".to_owned(), |t| t.to_string());
-            out.push_str(&format!("Token:     {token}\n"));
-            let held = h.held_seconds.map_or_else(|| "-".to_owned(), age);
-            let note = if h.confirmed { "" } else { " (granted, not confirmed yet)" };
-            out.push_str(&format!("Held for:  {held}{note}\n"));
-        }
-        None => out.push_str("Holder:    -\n"),
-    }
-    if let Some(d) = &v.draining {
-        out.push_str(&format!("Draining:  {d}\n"));
+    if v.permits > 1 {
+        holders_text(&mut out, v);
+    } else {
+        holder_text(&mut out, v);
     }
     let highest = v.fencing_token.map_or_else(|| "-".to_owned(), |t| t.to_string());
     out.push_str(&format!("Highest token issued: {highest}\n"));
@@ -376,6 +414,41 @@ pub fn lock_text(v: &LockView) -> String {
     });
     out.push_str(&indent(&table(["NAME", "PHASE", "REQUESTER", "APPROVALS", "REASON"], rows)));
     out
+}
+
+/// The holder of a mutex, and its drain.
+fn holder_text(out: &mut String, v: &LockView) {
+    match &v.holder {
+        Some(h) => {
+            out.push_str(&format!("Holder:    {}\n", h.who.display));
+            out.push_str(&format!("Identity:  {}\n", h.who.identity));
+            let token = h.token.map_or_else(|| "unreadable".to_owned(), |t| t.to_string());
+            out.push_str(&format!("Token:     {token}\n"));
+            let held = h.held_seconds.map_or_else(|| "-".to_owned(), age);
+            let note = if h.confirmed { "" } else { " (granted, not confirmed yet)" };
+            out.push_str(&format!("Held for:  {held}{note}\n"));
+        }
+        None => out.push_str("Holder:    -\n"),
+    }
+    if let Some(d) = &v.draining {
+        out.push_str(&format!("Draining:  {d}\n"));
+    }
+}
+
+/// The holders of a lock with several permits, one line per slot held.
+fn holders_text(out: &mut String, v: &LockView) {
+    out.push_str(&format!("Permits:   {}/{} held\n", v.holders.len(), v.permits));
+    let rows = v.holders.iter().map(|h| {
+        let token = h.holder.token.map_or_else(|| "unreadable".to_owned(), |t| t.to_string());
+        let held = h.holder.held_seconds.map_or_else(|| "-".to_owned(), age);
+        let state = match &h.draining {
+            Some(d) => format!("{} ({d})", h.state),
+            None => h.state.clone(),
+        };
+        [h.slot.to_string(), h.holder.who.display.clone(), h.mode.clone(), token, held, state]
+    });
+    out.push_str("Holders:\n");
+    out.push_str(&indent(&table(["SLOT", "HOLDER", "MODE", "TOKEN", "HELD", "STATE"], rows)));
 }
 
 /// One line of `leasehold status <namespace>` / `-A`.

@@ -57,6 +57,7 @@ fn observed(lease: Option<Lease>, claims: Vec<LockClaim>) -> Observed {
     Observed {
         lock: lock(status),
         lease,
+        slots: vec![],
         claims,
         requests: vec![],
         owners: [("web-a".to_owned(), "ReplicaSet/web-5d8f".to_owned())].into(),
@@ -104,6 +105,65 @@ fn holder_queue_and_waits() {
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
+}
+
+#[test]
+fn every_holder_of_a_lock_with_permits_with_its_slot_and_mode() {
+    // Slot 0 free, slot 1 held by a reader, slot 2 granted to b, not confirmed yet; c waits,
+    // and the holders' own claims are no waiters.
+    let free = lease(None, "2026-12-01T11:00:00.000000Z", "2026-12-01T11:00:00.000000Z", json!({}));
+    let reader = held_lease();
+    let granted = lease(
+        Some(&format!("web-b_{UID_B}")),
+        "2026-12-01T11:59:59.000000Z",
+        "2026-12-01T11:59:59.000000Z",
+        json!({"leasehold.dev/fencing-token": "1764590000124"}),
+    );
+    let claims = vec![
+        claim("web-c", UID_C, "2026-12-01T11:59:30Z"),
+        claim("web-b", UID_B, "2026-12-01T11:58:10Z"),
+        claim("web-a", UID_A, "2026-12-01T11:57:59Z"),
+    ];
+    let mut o = observed(Some(free), claims);
+    o.lock.spec.permits = 3;
+    o.slots = vec![(1, reader), (2, granted)];
+    let v = lock_view(&o);
+    assert_eq!((v.state.as_str(), v.permits), ("Held", 3));
+    assert!(v.holder.is_none(), "slot 0 is free");
+    let holders: Vec<(u32, &str, &str, Option<i64>)> =
+        v.holders.iter().map(|h| (h.slot, h.holder.who.display.as_str(), h.state.as_str(), h.holder.token)).collect();
+    assert_eq!(
+        holders,
+        [
+            (1, "pod web-a (ReplicaSet/web-5d8f)", "Held", Some(1_764_590_000_123)),
+            (2, "pod web-b", "Granted", Some(1_764_590_000_124))
+        ]
+    );
+    let queue: Vec<&str> = v.queue.iter().map(|w| w.who.display.as_str()).collect();
+    assert_eq!(queue, ["pod web-c"]);
+    let text = lock_text(&v);
+    for line in [
+        "Permits:   2/3 held",
+        "SLOT  HOLDER                           MODE  TOKEN          HELD  STATE",
+        "1     pod web-a (ReplicaSet/web-5d8f)  Read  1764590000123  2m0s  Held",
+        "2     pod web-b                        Read  1764590000124  1s    Granted",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    assert!(!text.contains("Holder:"), "a lock with permits shows its holders, not one holder:\n{text}");
+
+    // A writer holds slot 0 alone.
+    let mut writer = held_lease();
+    writer.metadata.annotations.get_or_insert_default().insert("leasehold.dev/mode".into(), "Write".into());
+    let mut o = observed(Some(writer), vec![]);
+    o.lock.spec.permits = 3;
+    let v = lock_view(&o);
+    assert_eq!(v.holders.iter().map(|h| (h.slot, h.mode.as_str())).collect::<Vec<_>>(), [(0, "Write")]);
+    assert!(lock_text(&v).contains("Permits:   1/3 held"));
+    let json = serde_json::to_value(&v).expect("serializes");
+    assert_eq!(json["holders"][0]["mode"], "Write");
+    assert_eq!(json["holders"][0]["slot"], 0);
+    assert_eq!(json["holders"][0]["pod"], "web-a", "the holder's fields are flattened into the slot's");
 }
 
 #[test]
@@ -209,9 +269,11 @@ fn json_shape_is_stable() {
             "fencingToken",
             "history",
             "holder",
+            "holders",
             "lock",
             "namespace",
             "pendingRequests",
+            "permits",
             "queue",
             "state",
             "stats"
