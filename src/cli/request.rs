@@ -134,7 +134,7 @@ pub async fn create(
         lock: lock.to_owned(),
         reason: reason.to_owned(),
         target_holder: None,
-        target_token: None,
+        target_token: args.token,
         ttl_seconds: ttl,
         requester: None,
         expires_at: None,

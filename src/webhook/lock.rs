@@ -8,7 +8,7 @@
 //! nothing); its annotations must never raise the lock's token or name a holder.
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
 use crate::crd::{ANNOTATION_DRAINING, DistributedLock, LABEL_LOCK, LABEL_ROLE, ROLE_LOCK};
@@ -119,6 +119,21 @@ pub async fn read_identified(
         .await
         .map_err(|e| format!("cannot read the lock Lease {namespace}/{lease_name}: {e}"))?;
     Ok(Some((slot_state(&lock, lease.as_ref(), slot.is_some()), lock.metadata.uid.clone())))
+}
+
+/// The hold on every slot Lease of lock `namespace/name` (one for a mutex); `Ok(None)` if
+/// the lock does not exist.
+pub async fn read_holds(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<Vec<Hold>>, String> {
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let read = locks.get_opt(name).await.map_err(|e| format!("cannot read lock {namespace}/{name}: {e}"))?;
+    let Some(lock) = read else { return Ok(None) };
+    let selector = ListParams::default().labels(&format!("{LABEL_LOCK}={name},{LABEL_ROLE}={ROLE_LOCK}"));
+    let listed =
+        leases.list(&selector).await.map_err(|e| format!("cannot list the Leases of lock {namespace}/{name}: {e}"))?;
+    let holds: Vec<Hold> =
+        listed.items.iter().filter(|l| is_own_lease(l, &lock)).map(|l| slot_state(&lock, Some(l), true).hold).collect();
+    Ok(Some(if holds.is_empty() { vec![Hold::Free] } else { holds }))
 }
 
 #[cfg(test)]

@@ -33,12 +33,13 @@ fn patch(ops: Vec<Value>) -> Result<json_patch::Patch, String> {
 }
 
 /// The stamp for a new request `request` (named `name`) by `user` on a lock (`lock`:
-/// `<namespace>/<name>`) whose hold is `hold`, or why it is refused.
+/// `<namespace>/<name>`) whose holds (one per slot Lease) are `holds`, or why it is
+/// refused.
 pub fn admit_create(
     name: &str,
     request: &ForceReleaseRequest,
     lock: &str,
-    hold: Option<&Hold>,
+    holds: Option<&[Hold]>,
     user: &str,
     now: Timestamp,
 ) -> Result<json_patch::Patch, String> {
@@ -55,24 +56,8 @@ pub fn admit_create(
     if annotations.is_some_and(|a| a.contains_key(ANNOTATION_APPROVE) || a.contains_key(ANNOTATION_DENY)) {
         return Err(format!("forcereleaserequest {name}: a request cannot be approved or denied as it is created"));
     }
-    let (holder, token) = match hold {
-        None => return Err(format!("lock {lock} does not exist")),
-        Some(Hold::Held { holder, token }) => (holder, *token),
-        Some(Hold::Free) => return Err(format!("lock {lock} is not held: there is no hold to force-release")),
-        Some(Hold::Draining { token }) => {
-            return Err(format!(
-                "lock {lock} is not held: its hold with token {token} is already being revoked (the next holder is granted once its holder lets go, or after one lease duration)"
-            ));
-        }
-    };
-    if let Some(named) = spec.target_holder.as_ref().filter(|n| *n != holder) {
-        return Err(format!(
-            "lock {lock} is held by {holder} (token {token}), not by {named}: the request would revoke someone else"
-        ));
-    }
-    if let Some(named) = spec.target_token.filter(|t| *t != token) {
-        return Err(format!("lock {lock} is held with token {token}, not {named}: that hold has ended"));
-    }
+    let Some(holds) = holds else { return Err(format!("lock {lock} does not exist")) };
+    let (holder, token) = target(lock, holds, spec.target_holder.as_deref(), spec.target_token)?;
     let ttl = jiff::SignedDuration::from_secs(i64::from(spec.ttl_seconds));
     let expires = now.checked_add(ttl).map_err(|e| format!("forcereleaserequest {name}: spec.ttlSeconds: {e}"))?;
     // Who asked, which hold and until when are ours to say, whatever the client wrote.
@@ -82,6 +67,54 @@ pub fn admit_create(
         json!({"op": "add", "path": "/spec/targetToken", "value": token}),
         json!({"op": "add", "path": "/spec/expiresAt", "value": Time(expires)}),
     ])
+}
+
+/// The hold a request is about: the one it names (by holder, token or both), or the only
+/// one; or why there is none. A lock with several permits has a hold per slot.
+pub fn target<'a>(
+    lock: &str,
+    holds: &'a [Hold],
+    holder: Option<&str>,
+    token: Option<i64>,
+) -> Result<(&'a str, i64), String> {
+    let held: Vec<(&str, i64)> = holds
+        .iter()
+        .filter_map(|h| match h {
+            Hold::Held { holder, token } => Some((holder.as_str(), *token)),
+            _ => None,
+        })
+        .collect();
+    let named = |(h, t): &(&str, i64)| holder.is_none_or(|n| n == *h) && token.is_none_or(|n| n == *t);
+    let chosen = holder.is_some() || token.is_some() || held.len() == 1;
+    if let Some(found) = held.iter().find(|h| named(h)).filter(|_| chosen) {
+        return Ok(*found);
+    }
+    let listed = || held.iter().map(|(h, t)| format!("{h} (token {t})")).collect::<Vec<_>>().join(", ");
+    match (held.as_slice(), holder, token) {
+        ([], _, _) => {
+            match holds.iter().find_map(|h| if let Hold::Draining { token } = h { Some(token) } else { None }) {
+                Some(token) => Err(format!(
+                    "lock {lock} is not held: its hold with token {token} is already being revoked (the next holder is granted once its holder lets go, or after one lease duration)"
+                )),
+                None => Err(format!("lock {lock} is not held: there is no hold to force-release")),
+            }
+        }
+        ([(h, t)], Some(n), _) if n != *h => {
+            Err(format!("lock {lock} is held by {h} (token {t}), not by {n}: the request would revoke someone else"))
+        }
+        ([(_, t)], _, Some(n)) => Err(format!("lock {lock} is held with token {t}, not {n}: that hold has ended")),
+        (_, None, None) => Err(format!(
+            "lock {lock} has {} holders ({}): name the hold to revoke with spec.targetToken (leasehold release --force --token)",
+            held.len(),
+            listed()
+        )),
+        _ => Err(format!(
+            "lock {lock} has no hold{}{}: its holders are {}",
+            holder.map(|n| format!(" by {n}")).unwrap_or_default(),
+            token.map(|n| format!(" with token {n}")).unwrap_or_default(),
+            listed()
+        )),
+    }
 }
 
 /// What an update asks for.
@@ -214,7 +247,8 @@ mod tests {
         let held = Hold::Held { holder: "a_1".into(), token: 42 };
         let mut forged = request(&[]);
         forged.spec.requester = Some("mallory".into());
-        let patch = ops(admit_create("r1", &forged, "shop/orders", Some(&held), "alice", ts(0)).expect("admitted"));
+        let patch = ops(admit_create("r1", &forged, "shop/orders", Some(std::slice::from_ref(&held)), "alice", ts(0))
+            .expect("admitted"));
         assert_eq!(patch[0], json!({"op": "add", "path": "/spec/requester", "value": "alice"}), "never the client's");
         assert_eq!(patch[1]["value"], "a_1");
         assert_eq!(patch[2]["value"], 42);
@@ -222,32 +256,69 @@ mod tests {
         // The client named the holder and token right: admitted.
         let mut named = request(&[]);
         (named.spec.target_holder, named.spec.target_token) = (Some("a_1".into()), Some(42));
-        assert!(admit_create("r1", &named, "shop/orders", Some(&held), "alice", ts(0)).is_ok());
+        assert!(admit_create("r1", &named, "shop/orders", Some(std::slice::from_ref(&held)), "alice", ts(0)).is_ok());
     }
 
     #[test]
     fn create_refusals_name_the_problem() {
         let held = Hold::Held { holder: "a_1".into(), token: 42 };
-        let refused = |r: &ForceReleaseRequest, hold: Option<&Hold>| {
+        let refused = |r: &ForceReleaseRequest, hold: Option<&[Hold]>| {
             admit_create("r1", r, "shop/orders", hold, "alice", ts(0)).expect_err("refused")
         };
         assert!(refused(&request(&[]), None).contains("lock shop/orders does not exist"));
-        assert!(refused(&request(&[]), Some(&Hold::Free)).contains("is not held"));
-        assert!(refused(&request(&[]), Some(&Hold::Draining { token: "41".into() })).contains("already being revoked"));
+        assert!(refused(&request(&[]), Some(&[Hold::Free][..])).contains("is not held"));
+        assert!(
+            refused(&request(&[]), Some(&[Hold::Draining { token: "41".into() }][..]))
+                .contains("already being revoked")
+        );
         let mut other = request(&[]);
         other.spec.target_holder = Some("b_2".into());
-        let m = refused(&other, Some(&held));
+        let m = refused(&other, Some(std::slice::from_ref(&held)));
         assert!(m.contains("held by a_1") && m.contains("not by b_2"), "{m}");
         let mut old_token = request(&[]);
         old_token.spec.target_token = Some(41);
-        assert!(refused(&old_token, Some(&held)).contains("not 41"));
+        assert!(refused(&old_token, Some(std::slice::from_ref(&held))).contains("not 41"));
         let mut pre_approved = request(&[]);
         pre_approved.spec.approvals = vec![Approval { by: "bob".into(), at: Time(ts(0)) }];
-        assert!(refused(&pre_approved, Some(&held)).contains("spec.approvals"));
-        assert!(refused(&request(&[(ANNOTATION_APPROVE, "yes")]), Some(&held)).contains("as it is created"));
+        assert!(refused(&pre_approved, Some(std::slice::from_ref(&held))).contains("spec.approvals"));
+        assert!(
+            refused(&request(&[(ANNOTATION_APPROVE, "yes")]), Some(std::slice::from_ref(&held)))
+                .contains("as it is created")
+        );
         let mut blank = request(&[]);
         blank.spec.reason = "  ".into();
-        assert!(refused(&blank, Some(&held)).contains("spec.reason"));
+        assert!(refused(&blank, Some(std::slice::from_ref(&held))).contains("spec.reason"));
+    }
+
+    #[test]
+    fn the_target_among_the_holds_of_every_slot() {
+        let a = Hold::Held { holder: "a_1".into(), token: 42 };
+        let b = Hold::Held { holder: "b_2".into(), token: 43 };
+        let holds = [Hold::Free, a.clone(), b.clone(), Hold::Draining { token: "40".into() }];
+        assert_eq!(target("shop/pool", &holds, None, Some(43)), Ok(("b_2", 43)));
+        assert_eq!(target("shop/pool", &holds, Some("a_1"), None), Ok(("a_1", 42)));
+        assert_eq!(target("shop/pool", &holds, Some("a_1"), Some(42)), Ok(("a_1", 42)));
+        assert_eq!(
+            target("shop/pool", &holds, None, None),
+            Err("lock shop/pool has 2 holders (a_1 (token 42), b_2 (token 43)): name the hold to revoke with spec.targetToken (leasehold release --force --token)".into())
+        );
+        assert_eq!(
+            target("shop/pool", &holds, Some("a_1"), Some(43)),
+            Err("lock shop/pool has no hold by a_1 with token 43: its holders are a_1 (token 42), b_2 (token 43)"
+                .into())
+        );
+        assert_eq!(
+            target("shop/pool", &holds, None, Some(41)),
+            Err("lock shop/pool has no hold with token 41: its holders are a_1 (token 42), b_2 (token 43)".into())
+        );
+        // One hold, as on a mutex: the only one, whichever slot it is on.
+        assert_eq!(target("shop/pool", &[Hold::Free, b], None, None), Ok(("b_2", 43)));
+        let draining = [Hold::Free, Hold::Draining { token: "40".into() }];
+        assert!(
+            target("shop/pool", &draining, None, None)
+                .expect_err("none held")
+                .contains("token 40 is already being revoked")
+        );
     }
 
     fn stamped(approvals: &[&str]) -> ForceReleaseRequest {

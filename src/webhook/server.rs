@@ -278,14 +278,14 @@ async fn mutate_requests(State(hooks): State<Arc<Webhooks>>, Json(review): Revie
     match (&request.operation, old) {
         (Operation::Create, _) => {
             let lock_ref = format!("{namespace}/{}", new.spec.lock);
-            // The hold as it is now, read fresh: the request is about this hold only.
-            let hold = match lock::read(&hooks.client, &namespace, &new.spec.lock).await {
-                Ok(state) => state.map(|s| s.hold),
+            // The holds as they are now, read fresh: the request is about one of these.
+            let holds = match lock::read_holds(&hooks.client, &namespace, &new.spec.lock).await {
+                Ok(holds) => holds,
                 Err(message) => return fail(&request, message),
             };
-            match forcerequest::admit_create(&name, &new, &lock_ref, hold.as_ref(), &user, now) {
+            match forcerequest::admit_create(&name, &new, &lock_ref, holds.as_deref(), &user, now) {
                 Ok(patch) => {
-                    info!(request = %name, lock = %lock_ref, %user, ?hold, "force-release request admitted");
+                    info!(request = %name, lock = %lock_ref, %user, ?holds, "force-release request admitted");
                     with_patch(&request, Some(patch))
                 }
                 Err(message) => deny(&request, message),

@@ -21,10 +21,19 @@ use crate::support::{Env, TestPod, leasehold_bin};
 /// `approvers` get the approve verb on forcereleaserequests/approval, `others` may patch
 /// requests but not approve.
 async fn people(env: &Env, approvals: i32, requesters: &[&TestPod], approvers: &[&TestPod], others: &[&TestPod]) {
-    let spec = DistributedLockSpec {
-        force_release: Some(ForceReleasePolicy { approvals: Some(approvals) }),
-        ..DistributedLockSpec::default()
-    };
+    people_on(env, DistributedLockSpec::default(), approvals, requesters, approvers, others).await;
+}
+
+/// [`people`], on a lock made from `spec`.
+async fn people_on(
+    env: &Env,
+    spec: DistributedLockSpec,
+    approvals: i32,
+    requesters: &[&TestPod],
+    approvers: &[&TestPod],
+    others: &[&TestPod],
+) {
+    let spec = DistributedLockSpec { force_release: Some(ForceReleasePolicy { approvals: Some(approvals) }), ..spec };
     env.lock(LOCK, spec).await;
     let roles: Api<Role> = Api::namespaced(env.ns.client.clone(), env.name());
     let bindings: Api<RoleBinding> = Api::namespaced(env.ns.client.clone(), env.name());
@@ -423,4 +432,44 @@ async fn the_charts_requester_and_approver_roles_suffice_and_a_denied_request_re
     for role in roles {
         cluster_roles.delete(&role, &Default::default()).await.expect("remove the test's ClusterRole");
     }
+}
+
+#[tokio::test]
+async fn on_a_semaphore_a_force_release_names_the_holder_it_revokes_by_token() {
+    let env = Env::new("adm-frr-sem").await;
+    let _controller = env.webhook_controller(None, &[]).await;
+    let (alice, a, b) = (env.pod("alice").await, env.pod("a").await, env.pod("b").await);
+    // No approval needed: the request is carried out as soon as it is admitted.
+    people_on(&env, DistributedLockSpec { permits: 2, ..DistributedLockSpec::default() }, 0, &[&alice], &[], &[]).await;
+    env.wait_claim_rbac(&a).await;
+    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a holds a permit");
+    let hold_b = b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b holds the other");
+    assert_ne!(hold_a.slot(), hold_b.slot());
+
+    // Two holders and no token named: refused, listing both; nothing is revoked.
+    let lock = format!("{}/{LOCK}", env.name());
+    let (ok, out) = cli(&env, &alice, &["release", &lock, "--force", "--reason", "b is stuck"]).await;
+    assert!(!ok, "{out}");
+    for part in ["has 2 holders", &hold_a.token().to_string(), &hold_b.token().to_string(), "--token"] {
+        assert!(out.contains(part), "missing {part:?} in {out}");
+    }
+    let api = Api::<ForceReleaseRequest>::namespaced(env.ns.client.clone(), env.name());
+    assert!(api.list(&Default::default()).await.expect("list").items.is_empty(), "a refused request was stored");
+    // A token nobody holds: refused by name.
+    let (ok, out) = cli(&env, &alice, &["release", &lock, "--force", "--reason", "b is stuck", "--token", "7"]).await;
+    assert!(!ok && out.contains("no hold with token 7"), "{out}");
+
+    // b's token: b's hold alone is revoked.
+    let token_b = hold_b.token().to_string();
+    let (ok, out) =
+        cli(&env, &alice, &["release", &lock, "--force", "--reason", "b is stuck", "--token", &token_b]).await;
+    assert!(ok && out.contains(&token_b), "{out}");
+    let stored = api.list(&Default::default()).await.expect("list").items;
+    assert_eq!(
+        stored.iter().map(|r| (r.spec.target_holder.as_deref(), r.spec.target_token)).collect::<Vec<_>>(),
+        [(Some(b.identity().id.as_str()), Some(hold_b.token()))]
+    );
+    revoked(&hold_b).await;
+    assert!(hold_a.is_held(), "the other holder keeps its permit");
+    assert!(hold_a.release().await.was_held);
 }
