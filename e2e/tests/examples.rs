@@ -494,3 +494,73 @@ async fn session_worker_example_in_curl_go_and_python_takes_turns_and_a_killed_w
     assert_eq!(periods.len(), 2, "{periods:?}");
     assert!(periods[1].0 > victim_token && periods[1].2.is_some(), "{periods:?}");
 }
+
+#[tokio::test]
+async fn report_builders_example_holds_at_most_three_permits_and_fences_each_slots_row() {
+    const LOCK: &str = "report-builders";
+    let env = Env::new("ex-builders").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    apply(&env, "report-builders-postgres");
+    let pg = Postgres::start().expect("postgres");
+    let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    let sql = |file: &str| std::fs::read_to_string(example("report-builders-postgres").join(file)).expect("sql");
+    db.batch_execute(&sql("schema.sql")).await.expect("schema");
+    let start = db.prepare(&sql("start.sql")).await.expect("prepare the example's start statement");
+    let step = db.prepare(&sql("step.sql")).await.expect("prepare the example's step statement");
+
+    let pods = [env.pod("b0").await, env.pod("b1").await, env.pod("b2").await, env.pod("b3").await];
+    env.wait_claim_rbac(&pods[0]).await;
+    let mut sidecars = Vec::new();
+    for pod in &pods {
+        sidecars.push(env.sidecar(pod, &[]).await);
+    }
+    // Three builders hold at once, one per slot.
+    let mut held: Vec<(i32, i64)> = Vec::new();
+    for sidecar in &sidecars[..3] {
+        let (status, answer) = sidecar.acquire(LOCK, 30.0).await;
+        assert_eq!(status, 200, "{answer}");
+        let slot = i32::try_from(answer["slot"].as_u64().expect("slot")).expect("a small slot");
+        held.push((slot, answer["fencingToken"].as_i64().expect("token")));
+    }
+    let mut slots: Vec<i32> = held.iter().map(|(s, _)| *s).collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1, 2]);
+    // A fourth is not granted while they hold.
+    let (status, answer) = sidecars[3].acquire_with(LOCK, serde_json::json!({"waitSeconds": 1})).await;
+    assert_eq!((status, answer["error"]["code"].as_str()), (409, Some("timeout")), "{answer}");
+    // Each starts its report on its own slot's row: all three apply, though their tokens
+    // differ (one row shared by all would refuse every holder but the latest).
+    for (slot, token) in &held {
+        let report = format!("report-{slot}");
+        assert_eq!(db.query(&start, &[slot, token, &report]).await.expect("start").len(), 1, "slot {slot}");
+        assert_eq!(db.query(&step, &[slot, token]).await.expect("step").len(), 1, "slot {slot}");
+    }
+
+    // The first builder lets go; the fourth is granted that slot with a higher token.
+    let (first_slot, first_token) = held[0];
+    let (status, released) = sidecars[0].release(LOCK).await;
+    assert_eq!((status, released["wasHeld"].as_bool()), (200, Some(true)), "{released}");
+    let (status, answer) = sidecars[3].acquire(LOCK, 30.0).await;
+    assert_eq!(status, 200, "{answer}");
+    let next = answer["fencingToken"].as_i64().expect("token");
+    assert_eq!(answer["slot"].as_u64(), u64::try_from(first_slot).ok(), "{answer}");
+    assert!(held.iter().all(|(_, t)| next > *t), "{answer}");
+    assert_eq!(db.query(&start, &[&first_slot, &next, &"report-next"]).await.expect("start").len(), 1);
+    // The first builder resumes after a pause with its old token: refused on its slot.
+    assert!(db.query(&step, &[&first_slot, &first_token]).await.expect("step").is_empty(), "a stale step applied");
+    assert!(
+        db.query(&start, &[&first_slot, &first_token, &"report-stale"]).await.expect("start").is_empty(),
+        "a stale start applied"
+    );
+    // The holders of the other slots go on, below the new token.
+    for (slot, token) in &held[1..] {
+        assert_eq!(db.query(&step, &[slot, token]).await.expect("step").len(), 1, "slot {slot}");
+    }
+    let progress: i32 =
+        db.query_one("SELECT progress FROM builder_slots WHERE slot = $1", &[&first_slot]).await.expect("row").get(0);
+    assert_eq!(progress, 0, "the new report's progress, untouched by the stale builder");
+    for sidecar in [&sidecars[1], &sidecars[2], &sidecars[3]] {
+        assert_eq!(sidecar.release(LOCK).await.0, 200);
+    }
+}
