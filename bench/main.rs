@@ -185,13 +185,34 @@ async fn bench() -> anyhow::Result<bool> {
         phase(&mut run, began, &name, async {
             let (clients, warmup, window) = (plan.clients_per_lock, plan.throughput_warmup, plan.throughput_window);
             let mut r = Run::default();
-            r.throughput.push(throughput::run(&env, &admin, &background, locks, clients, warmup, window).await?);
+            let shape = throughput::Shape::MUTEX;
+            r.throughput.push(throughput::run(&env, &admin, &background, locks, clients, shape, warmup, window).await?);
+            Ok(r)
+        })
+        .await;
+    }
+    for &(permits, clients, writers) in &plan.permit_runs {
+        let name = match writers {
+            0 => format!("Leasehold: throughput, a semaphore of {permits} permits × {clients} clients"),
+            w => format!(
+                "Leasehold: throughput, a read-write lock of {permits} permits × {clients} clients, {w} writing"
+            ),
+        };
+        phase(&mut run, began, &name, async {
+            let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
+            let shape = throughput::Shape { permits, writers };
+            let mut r = Run::default();
+            r.throughput.push(throughput::run(&env, &admin, &background, 1, clients, shape, warmup, window).await?);
             Ok(r)
         })
         .await;
     }
     if let Some(pid) = controller.process.as_ref().map(|p| p.pid()) {
-        let locks = 6 + plan.held_locks + plan.crash_pairs + plan.throughput_locks.iter().sum::<usize>();
+        let locks = 6
+            + plan.held_locks
+            + plan.crash_pairs
+            + plan.throughput_locks.iter().sum::<usize>()
+            + plan.permit_runs.len();
         let what = "controller (main namespace), after the throughput runs";
         match observe::memory(pid, what, json!({ "locks": locks })) {
             Ok(m) => run.memory.push(m),

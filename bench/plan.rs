@@ -71,6 +71,8 @@ pub struct Plan {
     pub throughput_locks: Vec<usize>,
     /// Contending clients per lock.
     pub clients_per_lock: usize,
+    /// Runs on one lock with several permits: (permits, clients, of which writers).
+    pub permit_runs: Vec<(u32, usize, usize)>,
     /// Throughput warm-up before the window.
     #[serde(serialize_with = "secs")]
     pub throughput_warmup: Duration,
@@ -137,6 +139,8 @@ impl Plan {
             app_crashes: 30,
             throughput_locks: vec![1, 10, 100],
             clients_per_lock: 10,
+            // A semaphore of 10 permits with 30 clients; a read-write lock, readers-heavy.
+            permit_runs: vec![(10, 30, 0), (10, 30, 3)],
             throughput_warmup: Duration::from_secs(8),
             throughput_window: Duration::from_secs(20),
             crash_pairs: 4,
@@ -171,6 +175,7 @@ impl Plan {
             app_crashes: 3,
             throughput_locks: vec![1, 10],
             clients_per_lock: 10,
+            permit_runs: vec![(3, 9, 0), (3, 9, 1)],
             throughput_warmup: Duration::from_secs(3),
             throughput_window: Duration::from_secs(5),
             crash_pairs: 2,

@@ -54,6 +54,10 @@ pub struct Throughput {
     pub locks: usize,
     /// Clients per lock.
     pub clients_per_lock: usize,
+    /// Permits per lock (1: a mutex).
+    pub permits: u32,
+    /// Clients per lock acquiring in write mode.
+    pub writers_per_lock: usize,
     /// Cycles (acquire returned) inside the window.
     pub cycles: usize,
     /// Window, seconds.

@@ -402,9 +402,10 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     for t in &run.throughput {
         let _ = writeln!(
             w,
-            "| {} × {} | {:.1} | {} | {:.1} | {} / {} | {} | {:.2} | {:.2} | {} |",
+            "| {} × {}{} | {:.1} | {} | {:.1} | {} / {} | {} | {:.2} | {:.2} | {} |",
             t.locks,
             t.clients_per_lock,
+            shape(t),
             t.per_second,
             t.cycles,
             t.seconds,
@@ -420,9 +421,10 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     for t in run.throughput.iter().filter(|t| !t.error_kinds.is_empty()) {
         let _ = writeln!(
             w,
-            "\nFailed acquisitions with {} × {}: {}",
+            "\nFailed acquisitions with {} × {}{}: {}",
             t.locks,
             t.clients_per_lock,
+            shape(t),
             t.error_kinds.join("; ")
         );
     }
@@ -494,4 +496,14 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
         let _ = writeln!(w, "\n## Latency distributions\n\n![latency distributions]({plot})");
     }
     md
+}
+
+/// A throughput row's locks, when they are not mutexes: " (10 permits)", " (10 permits,
+/// 3 writing)".
+fn shape(t: &crate::record::Throughput) -> String {
+    match (t.permits, t.writers_per_lock) {
+        (1, 0) => String::new(),
+        (p, 0) => format!(" ({p} permits)"),
+        (p, w) => format!(" ({p} permits, {w} writing)"),
+    }
 }

@@ -26,7 +26,12 @@ const WAIT: Duration = Duration::from_secs(60);
 /// Creates lock `name` (default spec: lease 15 s, renew deadline 10 s, retry 2 s, FIFO)
 /// and waits until the controller has reconciled it (status written).
 pub async fn create_lock(env: &Env, name: &str) -> anyhow::Result<()> {
-    env.locks().create(&Default::default(), &DistributedLock::new(name, DistributedLockSpec::default())).await?;
+    create_lock_with(env, name, DistributedLockSpec::default()).await
+}
+
+/// [`create_lock`] with `spec`.
+pub async fn create_lock_with(env: &Env, name: &str, spec: DistributedLockSpec) -> anyhow::Result<()> {
+    env.locks().create(&Default::default(), &DistributedLock::new(name, spec)).await?;
     let dl = Latest::start(env.locks(), name);
     dl.wait(&format!("lock {name} reconciled"), WAIT, |d| d.status.is_some()).await?;
     Ok(())

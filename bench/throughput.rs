@@ -1,5 +1,7 @@
 //! Aggregate lock cycles per second: `locks` locks with `clients` contending claimants
-//! each, every claimant looping acquire → release as fast as it is granted. Claimants are
+//! each, every claimant looping acquire → release as fast as it is granted; on mutexes,
+//! or on locks with several permits (a semaphore, or a read-write lock with some
+//! claimants writing). Claimants are
 //! in-process [`leasehold::claim::Claimant`]s (the API the sidecar wraps; 1,000 sidecar
 //! processes would not fit this machine), outside any Pod, with one client per lock built
 //! like the product's own ([`leasehold::kube_client`]) with the admin's credentials.
@@ -11,26 +13,61 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use leasehold::claim::Claimant;
+use leasehold::crd::{ClaimMode, DistributedLockSpec};
 use leasehold::lease::Identity;
 
 use crate::observe::{Writes, scrape};
 use crate::record::Throughput;
-use crate::sidecar::create_lock;
+use crate::sidecar::create_lock_with;
 use crate::stats::{Summary, ms_between};
 use crate::support::Env;
 
+/// The locks of a run: how many permits, and how many of each lock's claimants write.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// Permits per lock (1: a mutex).
+    pub permits: u32,
+    /// Claimants per lock in write mode (the rest read).
+    pub writers: usize,
+}
+
+impl Shape {
+    /// Mutexes.
+    pub const MUTEX: Shape = Shape { permits: 1, writers: 0 };
+
+    /// Whether claimant `c` of `clients` writes: writers are spread through the queue,
+    /// every (clients / writers)-th claimant.
+    fn writes(&self, c: usize, clients: usize) -> bool {
+        let every = (clients / self.writers.max(1)).max(1);
+        self.writers > 0 && (c + 1).is_multiple_of(every) && (c + 1) / every <= self.writers
+    }
+
+    /// The lock names' prefix: distinct per shape and lock count.
+    fn prefix(&self, locks: usize) -> String {
+        match (self.permits, self.writers) {
+            (1, 0) => format!("tp{locks}"),
+            (p, 0) => format!("sem{p}-{locks}"),
+            (p, w) => format!("rw{p}w{w}-{locks}"),
+        }
+    }
+}
+
 /// One measured configuration.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     env: &Env,
     admin: &kube::Client,
     background: &Writes,
     locks: usize,
     clients: usize,
+    shape: Shape,
     warmup: Duration,
     window: Duration,
 ) -> anyhow::Result<Throughput> {
-    let names: Vec<String> = (0..locks).map(|i| format!("tp{locks}-{i}")).collect();
-    futures::stream::iter(names.iter().map(|n| create_lock(env, n)))
+    let prefix = shape.prefix(locks);
+    let names: Vec<String> = (0..locks).map(|i| format!("{prefix}-{i}")).collect();
+    let spec = DistributedLockSpec { permits: i32::try_from(shape.permits)?, ..DistributedLockSpec::default() };
+    futures::stream::iter(names.iter().map(|n| create_lock_with(env, n, spec.clone())))
         .buffer_unordered(16)
         .collect::<Vec<_>>()
         .await
@@ -48,13 +85,14 @@ pub async fn run(
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
     for lock in &names {
         let client = leasehold::kube_client::from_config(config.clone())?;
-        for _ in 0..clients {
+        for c in 0..clients {
+            let mode = if shape.writes(c, clients) { ClaimMode::Write } else { ClaimMode::Read };
             let claimant = Claimant::new(client.clone(), env.name(), Identity::for_process(), "leasehold-bench");
             let (lock, stop, cycles, errors) = (lock.clone(), stop.clone(), cycles.clone(), errors.clone());
             tasks.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
-                    match claimant.acquire(&lock, Duration::from_secs(120)).await {
+                    match claimant.acquire_in(&lock, Duration::from_secs(120), mode).await {
                         Ok(hold) => {
                             let now = Instant::now();
                             cycles.lock().expect("not poisoned").push((now, ms_between(started, now)));
@@ -104,6 +142,8 @@ pub async fn run(
     Ok(Throughput {
         locks,
         clients_per_lock: clients,
+        permits: shape.permits,
+        writers_per_lock: shape.writers,
         cycles: in_window.len(),
         seconds,
         per_second: in_window.len() as f64 / seconds,
