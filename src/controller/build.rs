@@ -151,6 +151,7 @@ pub fn freed(lease: &Lease) -> Lease {
     let annotations = lease.annotations_mut();
     annotations.remove(ANNOTATION_CLAIM);
     annotations.remove(ANNOTATION_DRAINING);
+    annotations.remove(ANNOTATION_MODE);
     lease
 }
 
@@ -237,7 +238,8 @@ mod tests {
             LeaseState::Draining(LeaseDrain {
                 holder: Some(Identity::parse("u-w-1")),
                 revoked: Some(42),
-                reason: Some("Forced".into())
+                reason: Some("Forced".into()),
+                mode: ClaimMode::Read,
             })
         );
         // The holder's acknowledgement is exactly what `given_back` writes.

@@ -70,7 +70,12 @@ mod tests {
         let t0 = Instant::now();
         let mut m = SlotMemory::default();
         assert_eq!(of_hold(&mut m, &hold(7, 1), t0), (Duration::ZERO, Duration::ZERO));
-        let drain = LeaseDrain { holder: Some(Identity::parse("w")), revoked: Some(7), reason: None };
+        let drain = LeaseDrain {
+            holder: Some(Identity::parse("w")),
+            revoked: Some(7),
+            reason: None,
+            mode: crate::crd::ClaimMode::Read,
+        };
         assert_eq!(of_drain(&mut m, &drain, t0 + S), Duration::ZERO);
         assert_eq!(of_drain(&mut m, &drain, t0 + 4 * S), 3 * S);
     }
@@ -83,7 +88,12 @@ mod tests {
         let (unchanged, _) = of_hold(&mut m, &hold(7, 1), t0 + 4 * S);
         assert_eq!(unchanged, Duration::ZERO, "first sighting");
         drain_started(&mut m, Some(7), t0);
-        let drain = LeaseDrain { holder: Some(Identity::parse("w")), revoked: Some(7), reason: None };
+        let drain = LeaseDrain {
+            holder: Some(Identity::parse("w")),
+            revoked: Some(7),
+            reason: None,
+            mode: crate::crd::ClaimMode::Read,
+        };
         assert_eq!(of_drain(&mut m, &drain, t0 + 10 * S), 10 * S);
         // A drain of another token is another drain.
         let other = LeaseDrain { revoked: Some(9), ..drain };

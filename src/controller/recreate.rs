@@ -7,9 +7,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
 
 use super::build;
-use crate::crd::{DistributedLock, HolderStatus};
+use crate::crd::{ANNOTATION_MODE, ClaimMode, DistributedLock, HolderStatus};
 use crate::lease::{GrantedTiming, granted};
 
 /// The revocation reason recorded on a Lease re-created under a hold.
@@ -24,6 +25,8 @@ pub struct Orphan {
     pub token: i64,
     /// The longest lease duration it may have been granted under.
     pub lease_duration: Duration,
+    /// The mode it was granted in: the re-created Lease drains a writer as a writer.
+    pub mode: ClaimMode,
 }
 
 /// The hold the deleted Lease carried: the one on the Lease as we last decided from it
@@ -38,7 +41,12 @@ pub fn orphan(seen: Option<&Lease>, status: Option<&HolderStatus>, spec: &Grante
                 Some(revoked) => revoked?,
                 None => crate::lease::token::of_lease(lease)?,
             };
-            Orphan { identity, token, lease_duration: granted::of_lease(lease, spec).timing.lease_duration }
+            Orphan {
+                identity,
+                token,
+                lease_duration: granted::of_lease(lease, spec).timing.lease_duration,
+                mode: super::view::mode_of(lease),
+            }
         }
         None => {
             let h = status?;
@@ -50,6 +58,7 @@ pub fn orphan(seen: Option<&Lease>, status: Option<&HolderStatus>, spec: &Grante
                 identity: h.identity.clone(),
                 token: h.fencing_token,
                 lease_duration: granted_for.unwrap_or_default(),
+                mode: h.mode.unwrap_or_default(),
             }
         }
     };
@@ -67,6 +76,9 @@ pub fn recreated(lock: &DistributedLock, slot: u32, raise_to: i64, orphan: &Orph
     granted::record(&mut lease, &terms);
     if let Some(spec) = lease.spec.as_mut() {
         spec.holder_identity = Some(orphan.identity.clone());
+    }
+    if orphan.mode == ClaimMode::Write {
+        lease.annotations_mut().insert(ANNOTATION_MODE.into(), ClaimMode::Write.as_str().into());
     }
     build::draining(&lease, raise_to, REASON, Some(orphan.token))
 }
@@ -114,7 +126,9 @@ mod tests {
     fn the_orphaned_hold_is_the_newest_known() {
         let spec = GrantedTiming::of_spec(&DistributedLockSpec { lease_duration_seconds: 5, ..Default::default() });
         let secs = Duration::from_secs;
-        let orphan_of = |id: &str, token, s| Some(Orphan { identity: id.into(), token, lease_duration: secs(s) });
+        let orphan_of = |id: &str, token, s| {
+            Some(Orphan { identity: id.into(), token, lease_duration: secs(s), mode: ClaimMode::Read })
+        };
         let drained = build::draining(&held_by("a_1", 7, 9), 8, "Forced", Some(7));
         let free = build::new_lock_lease(&lock(), 0, 7);
         type Row = (&'static str, Option<Lease>, Option<HolderStatus>, Option<Orphan>);
@@ -141,7 +155,12 @@ mod tests {
     #[test]
     fn a_recreated_lease_drains_the_orphan_under_a_raised_token() {
         let spec = GrantedTiming::of_spec(&DistributedLockSpec { lease_duration_seconds: 5, ..Default::default() });
-        let orphan = Orphan { identity: "pod-a_uid-a".into(), token: 7, lease_duration: Duration::from_secs(9) };
+        let orphan = Orphan {
+            identity: "pod-a_uid-a".into(),
+            token: 7,
+            lease_duration: Duration::from_secs(9),
+            mode: ClaimMode::Read,
+        };
         let lease = recreated(&lock(), 0, 8, &orphan, &spec);
         assert_eq!(crate::lease::token::of_lease(&lease), Some(8), "the old token is stale at once");
         assert_eq!(
@@ -150,9 +169,13 @@ mod tests {
                 holder: Some(Identity::parse("pod-a_uid-a")),
                 revoked: Some(7),
                 reason: Some(REASON.into()),
+                mode: ClaimMode::Read,
             })
         );
         assert_eq!(granted::of_lease(&lease, &spec).timing.lease_duration, Duration::from_secs(9));
+        // A writer's Lease is re-created draining a writer: it keeps the readers out.
+        let writer = recreated(&lock(), 0, 8, &Orphan { mode: ClaimMode::Write, ..orphan.clone() }, &spec);
+        assert!(matches!(view::lease_state(&writer), LeaseState::Draining(d) if d.mode == ClaimMode::Write));
         assert!(view::lease_hold(&lease).is_none(), "a re-created Lease grants nothing");
     }
 }

@@ -6,7 +6,7 @@
 //!   or draining: a drained holder may still believe it holds).
 //! - An exclusive waiter (a writer) takes slot 0, and only when every slot Lease is free:
 //!   none granted, none draining, none above the permits still held after a shrink. Once
-//!   it holds, nobody else is served.
+//!   it holds, nobody else is served — nor while its revoked hold drains.
 //! - Under FIFO, serving stops at the first waiter that cannot be served now: a writer at
 //!   the head waits for the readers ahead of it to leave, and the readers that queued
 //!   behind it wait for it, so writers do not starve. Without an ordering promise, the
@@ -36,8 +36,9 @@ pub enum Slot {
     Free,
     /// Granted, in this mode.
     Held(Mode),
-    /// A revoked hold drains on it.
-    Draining,
+    /// A revoked hold, taken in this mode, drains on it: its holder may still believe it
+    /// holds, so a draining writer keeps everyone out as a holding one does.
+    Draining(Mode),
 }
 
 /// A waiter served: its index in the queue, and its slot.
@@ -54,7 +55,7 @@ pub struct Served {
 /// fairness, and the waiters' modes in claim order.
 pub fn serve(slots: &[Slot], permits: usize, fairness: Fairness, queue: &[Mode]) -> Vec<Served> {
     let mut taken: Vec<bool> = slots.iter().map(|s| *s != Slot::Free).collect();
-    if slots.contains(&Slot::Held(Mode::Exclusive)) {
+    if slots.iter().any(|s| matches!(s, Slot::Held(Mode::Exclusive) | Slot::Draining(Mode::Exclusive))) {
         return Vec::new();
     }
     let grantable = permits.min(slots.len());
@@ -101,7 +102,7 @@ mod tests {
             // A mutex is one permit.
             ("mutex, free: the head", &[Free], 1, Fifo, &[R, R], &[(0, 0)]),
             ("mutex, held: nobody", &[Held(R)], 1, Fifo, &[R], &[]),
-            ("mutex, draining: nobody", &[Draining], 1, Fifo, &[R], &[]),
+            ("mutex, draining: nobody", &[Draining(R)], 1, Fifo, &[R], &[]),
             ("mutex, a writer is the head", &[Free], 1, Fifo, &[W, R], &[(0, 0)]),
             ("mutex, nobody waits", &[Free], 1, Fifo, &[], &[]),
             // A semaphore: up to its permits, lowest free slot first, in claim order.
@@ -115,12 +116,14 @@ mod tests {
             ),
             ("3 permits, the middle one held", &[Free, Held(R), Free], 3, Fifo, &[R, R, R], &[(0, 0), (1, 2)]),
             ("3 permits, all held", &[Held(R), Held(R), Held(R)], 3, Fifo, &[R], &[]),
-            ("a draining slot is not free", &[Draining, Free], 2, Fifo, &[R, R], &[(0, 1)]),
+            ("a draining slot is not free", &[Draining(R), Free], 2, Fifo, &[R, R], &[(0, 1)]),
+            ("a writer's drain keeps readers out", &[Draining(W), Free, Free], 3, Fifo, &[R, R], &[]),
+            ("the same, unordered", &[Draining(W), Free], 2, Unordered, &[R, W], &[]),
             // Shrunk from 3 to 1: slots above are never granted again.
             ("shrunk: slot 1 and 2 are not granted", &[Held(R), Free, Free], 1, Fifo, &[R], &[]),
             ("shrunk: a hold above still counts", &[Free, Held(R), Free], 1, Fifo, &[R, R], &[]),
             ("shrunk to 2: one more while one above holds", &[Free, Free, Held(R)], 2, Fifo, &[R, R], &[(0, 0)]),
-            ("a drain counts against the permits", &[Free, Free, Draining], 2, Fifo, &[R, R], &[(0, 0)]),
+            ("a drain counts against the permits", &[Free, Free, Draining(R)], 2, Fifo, &[R, R], &[(0, 0)]),
             // Grown from 1 to 3 before the new slot Leases exist: only those that do.
             ("grown, new slots not yet created", &[Held(R)], 3, Fifo, &[R], &[]),
             // Readers and writers.
@@ -137,7 +140,7 @@ mod tests {
                 &[R, W, R],
                 &[(0, 0)],
             ),
-            ("a writer waits for a drain on any slot", &[Free, Draining], 2, Fifo, &[W], &[]),
+            ("a writer waits for a drain on any slot", &[Free, Draining(R)], 2, Fifo, &[W], &[]),
             ("a writer waits for a hold above the permits", &[Free, Held(R)], 1, Fifo, &[W], &[]),
             // Without an ordering promise, a waiter that cannot be served is passed.
             (
@@ -159,7 +162,7 @@ mod tests {
     /// twice — over every small state.
     #[test]
     fn no_state_is_served_past_its_permits_or_beside_a_writer() {
-        let states = [Free, Held(R), Held(W), Draining];
+        let states = [Free, Held(R), Held(W), Draining(R), Draining(W)];
         let modes = [R, W];
         for permits in 1..=3usize {
             for len in 1..=3usize {
@@ -176,7 +179,8 @@ mod tests {
                                 assert!(s.slot < permits, "{slots:?}: slot {} is above the permits", s.slot);
                                 after[s.slot] = Held(queue[s.waiter]);
                             }
-                            let writers = after.iter().filter(|s| **s == Held(W)).count();
+                            // A draining writer may still believe it holds: it is a writer.
+                            let writers = after.iter().filter(|s| matches!(s, Held(W) | Draining(W))).count();
                             let occupied = after.iter().filter(|s| **s != Free).count();
                             if !served.is_empty() {
                                 assert!(

@@ -372,8 +372,12 @@ mod tests {
         let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &granted);
         // Forced: the hold is revoked and drained; status names no holder.
         let forced = Outcome { revoked: vec![(0, RevokeReason::Forced)], ..Outcome::default() };
-        let drain =
-            LeaseDrain { holder: Some(Identity::for_pod("a", UID)), revoked: Some(7), reason: Some("Forced".into()) };
+        let drain = LeaseDrain {
+            holder: Some(Identity::for_pod("a", UID)),
+            revoked: Some(7),
+            reason: Some("Forced".into()),
+            mode: ClaimMode::Read,
+        };
         let with = |previous: &DistributedLockStatus, token, outcome: &Outcome, draining: &[(u32, LeaseDrain)]| {
             desired(&Inputs {
                 previous,

@@ -80,6 +80,8 @@ pub struct LeaseDrain {
     pub revoked: Option<i64>,
     /// Why it was revoked.
     pub reason: Option<String>,
+    /// The mode the revoked hold was granted in: a draining writer still keeps everyone out.
+    pub mode: ClaimMode,
 }
 
 /// What a lock Lease says.
@@ -100,6 +102,7 @@ pub fn lease_state(lease: &Lease) -> LeaseState {
             holder: edit::holder(lease).map(Identity::parse),
             revoked,
             reason: lease.annotations().get(ANNOTATION_REVOKED).cloned(),
+            mode: mode_of(lease),
         });
     }
     lease_hold(lease).map_or(LeaseState::Free, LeaseState::Held)
@@ -331,7 +334,8 @@ mod tests {
             LeaseState::Draining(LeaseDrain {
                 holder: Some(Identity::parse(&holder)),
                 revoked: Some(7),
-                reason: Some("Forced".into())
+                reason: Some("Forced".into()),
+                mode: ClaimMode::Read,
             })
         );
         assert_eq!(lease_hold(&draining), None, "a draining Lease grants nothing");

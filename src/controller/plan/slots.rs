@@ -131,7 +131,8 @@ fn serving_state(inputs: &decide::Inputs, state: &LeaseState) -> serve::Slot {
     match (decide::decide(&probe), state) {
         (Decision::Grant { .. }, _) => serve::Slot::Free,
         (_, LeaseState::Held(h)) => serve::Slot::Held(mode(h.mode)),
-        _ => serve::Slot::Draining,
+        (_, LeaseState::Draining(d)) => serve::Slot::Draining(mode(d.mode)),
+        (_, LeaseState::Free) => serve::Slot::Draining(serve::Mode::Shared),
     }
 }
 

@@ -481,7 +481,8 @@ fn a_writer_holds_every_permit_alone_and_readers_behind_it_wait_for_it() {
     let leases = [slot_lease(&lock, 0, None), slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
     let plan = super::plan(&slots_observation(&lock, &leases, vec![writer("w", 2), waiting("r2", 3, Some(true))]));
     assert_eq!(granted_slots(&plan), [(0, "orders.u-w")]);
-    assert!(plan.grants[0].token > TOKEN);
+    let writer_token = plan.grants[0].token;
+    assert!(writer_token > TOKEN);
     let LeaseWrite::Replace(written) = write_of(&plan) else { panic!("slot 0 written") };
     assert_eq!(view::mode_of(&written), ClaimMode::Write);
     assert_eq!(names(&status(&plan).waiters), ["orders.u-r2"]);
@@ -489,10 +490,17 @@ fn a_writer_holds_every_permit_alone_and_readers_behind_it_wait_for_it() {
     // While the writer holds, no reader is granted a free slot.
     let held_by_writer = view::lease_state(&written);
     assert!(matches!(held_by_writer, LeaseState::Held(ref h) if h.mode == ClaimMode::Write));
-    let leases = [*written, slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
+    let leases = [(*written).clone(), slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
     let claims = vec![writer("w", 2), waiting("r2", 3, Some(true))];
     let plan = super::plan(&slots_observation(&lock, &leases, claims));
     assert!(plan.grants.is_empty(), "a reader beside a writer: {:?}", plan.grants);
+
+    // Nor while the writer's revoked hold drains: it may still believe it holds.
+    let draining = build::draining(&written, writer_token + 1, "Forced", Some(writer_token));
+    assert!(matches!(view::lease_state(&draining), LeaseState::Draining(ref d) if d.mode == ClaimMode::Write));
+    let leases = [draining, slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
+    let plan = super::plan(&slots_observation(&lock, &leases, vec![waiting("r2", 3, Some(true))]));
+    assert!(plan.grants.is_empty(), "a reader beside a draining writer: {:?}", plan.grants);
 
     // Readers ahead of a writer are served; the writer waits behind them.
     let leases = [slot_lease(&lock, 0, None), slot_lease(&lock, 1, None), slot_lease(&lock, 2, None)];
