@@ -42,6 +42,35 @@ pub struct Release {
     /// carried out at once where the lock's policy needs no approval.
     #[arg(long)]
     pub token: Option<i64>,
+    /// Revoke every hold the lock's status lists: one ForceReleaseRequest per holder.
+    #[arg(long, conflicts_with = "token")]
+    pub all: bool,
+}
+
+/// `release --force --all`: a request for every hold `lock`'s status lists. Every one is
+/// tried; the answer says what became of each.
+async fn release_all(
+    lock: &DistributedLock,
+    client: kube::Client,
+    reason: &str,
+    args: &Release,
+) -> anyhow::Result<String> {
+    let (namespace, name) = &args.lock;
+    let tokens: Vec<i64> = lock.status.iter().flat_map(|s| &s.holders).map(|h| h.fencing_token).collect();
+    if tokens.is_empty() {
+        anyhow::bail!("lock {namespace}/{name} is not held: there is no hold to force-release");
+    }
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    for token in tokens {
+        match request::create(client.clone(), namespace, name, reason, args, Some(token)).await {
+            Ok(out) => done.push(out),
+            Err(e) => failed.push(format!("token {token}: {e:#}")),
+        }
+    }
+    if failed.is_empty() {
+        return Ok(done.join("\n"));
+    }
+    anyhow::bail!("{}{}", done.iter().map(|d| format!("{d}\n")).collect::<String>(), failed.join("\n"))
 }
 
 /// Asks the controller to revoke the current hold of a lock, and waits until it has.
@@ -62,8 +91,11 @@ pub async fn release(args: Release) -> anyhow::Result<String> {
     let required = before.status.as_ref().and_then(|s| s.force_release_approvals);
     // A lock with several permits has a holder per slot: a request names which (the
     // one-step annotation is about slot 0's holder only).
+    if args.all {
+        return release_all(&before, client_of(&locks), reason, &args).await;
+    }
     if required != Some(0) || args.token.is_some() || before.spec.permits > 1 {
-        return request::create(client_of(&locks), namespace, name, reason, &args).await;
+        return request::create(client_of(&locks), namespace, name, reason, &args, args.token).await;
     }
     let previous = before.status.as_ref().and_then(|s| s.last_force_release.clone());
     let patch = json!({"metadata": {"annotations": {ANNOTATION_FORCE_RELEASE: reason}}});

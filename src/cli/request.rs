@@ -127,6 +127,7 @@ pub async fn create(
     lock: &str,
     reason: &str,
     args: &Release,
+    token: Option<i64>,
 ) -> anyhow::Result<String> {
     let api: Api<ForceReleaseRequest> = Api::namespaced(client, namespace);
     let ttl = i32::try_from(args.ttl.as_secs()).context("--ttl is too long")?;
@@ -134,7 +135,7 @@ pub async fn create(
         lock: lock.to_owned(),
         reason: reason.to_owned(),
         target_holder: None,
-        target_token: args.token,
+        target_token: token,
         ttl_seconds: ttl,
         requester: None,
         expires_at: None,

@@ -471,5 +471,18 @@ async fn on_a_semaphore_a_force_release_names_the_holder_it_revokes_by_token() {
     );
     revoked(&hold_b).await;
     assert!(hold_a.is_held(), "the other holder keeps its permit");
-    assert!(hold_a.release().await.was_held);
+
+    // `--all`: one request per holder, every hold revoked.
+    let hold_b = b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b holds again");
+    until(&env.locks(), LOCK, WAIT, "both holders in the status", |l: &DistributedLock| {
+        l.status.as_ref().is_some_and(|s| s.holders.len() == 2)
+    })
+    .await;
+    let (ok, out) = cli(&env, &alice, &["release", &lock, "--force", "--reason", "all stuck", "--all"]).await;
+    assert!(ok, "{out}");
+    for token in [hold_a.token(), hold_b.token()] {
+        assert!(out.contains(&token.to_string()), "missing token {token} in {out}");
+    }
+    revoked(&hold_a).await;
+    revoked(&hold_b).await;
 }
