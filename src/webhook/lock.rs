@@ -98,15 +98,51 @@ pub fn fenced_by(value: &str) -> Option<(&str, Option<u32>)> {
 
 /// Reads lock `namespace/name` and its Lease; `Ok(None)` if the lock does not exist.
 pub async fn read(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<LockState>, String> {
-    Ok(read_identified(client, namespace, name).await?.map(|(state, _)| state))
+    let read = read_lease(client, namespace, name).await?;
+    Ok(read.map(|(lock, lease, slot)| slot_state(&lock, lease.as_ref(), slot.is_some())))
 }
 
-/// [`read`], with the lock's UID (an Event about the lock refers to it).
+/// For a fenced write: lock `namespace/name`'s current token (and the lock's UID, which
+/// an Event about it refers to); `Ok(None)` if the lock does not exist. `Err` while the
+/// lock has no Lease of its own for the slot (see [`fencing_state`]).
 pub async fn read_identified(
     client: &kube::Client,
     namespace: &str,
     name: &str,
 ) -> Result<Option<(LockState, Option<String>)>, String> {
+    let Some((lock, lease, slot)) = read_lease(client, namespace, name).await? else { return Ok(None) };
+    let state = fencing_state(&lock, lease.as_ref(), slot).map_err(|why| format!("lock {namespace}/{name}: {why}"))?;
+    Ok(Some((state, lock.metadata.uid.clone())))
+}
+
+/// The current token a fenced write is judged against, from the lock and the Lease of the
+/// slot it names (`None`: the lock as a whole, slot 0's Lease). Without a Lease of its own
+/// the current token cannot be known: the last one may be on a Lease deleted a moment ago
+/// that the lock's status does not show yet (the controller re-creates a deleted Lease
+/// with a raised token, and records it in status after), so the write is refused rather
+/// than judged against an older token.
+pub fn fencing_state(lock: &DistributedLock, lease: Option<&Lease>, slot: Option<u32>) -> Result<LockState, String> {
+    if lease.is_some_and(|l| is_own_lease(l, lock)) {
+        return Ok(slot_state(lock, lease, slot.is_some()));
+    }
+    let slot_number = slot.unwrap_or(0);
+    let permits = u32::try_from(lock.spec.permits).unwrap_or(1).max(1);
+    if slot_number >= permits {
+        return Err(format!("it has no slot {slot_number} (its permits are {permits}): nothing holds it, so nothing fenced by it can be written"));
+    }
+    let which = slot.map_or_else(|| "no Lease".to_owned(), |s| format!("no Lease for slot {s}"));
+    Err(format!(
+        "it has {which} of its own right now (the controller re-creates a deleted one at once): its current token cannot be read, so the write is refused; try again"
+    ))
+}
+
+/// Reads lock `namespace/name` (which may name one slot, `<lock>.<slot>`) and that slot's
+/// Lease; `Ok(None)` if the lock does not exist.
+async fn read_lease(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<(DistributedLock, Option<Lease>, Option<u32>)>, String> {
     // `name` may name one slot of a lock: `<lock>.<slot>`.
     let Some((lock_name, slot)) = fenced_by(name) else { return Ok(None) };
     let lease_name = slot::lease_name(lock_name, slot.unwrap_or(0));
@@ -118,7 +154,7 @@ pub async fn read_identified(
         .get_opt(&lease_name)
         .await
         .map_err(|e| format!("cannot read the lock Lease {namespace}/{lease_name}: {e}"))?;
-    Ok(Some((slot_state(&lock, lease.as_ref(), slot.is_some()), lock.metadata.uid.clone())))
+    Ok(Some((lock, lease, slot)))
 }
 
 /// The hold on every slot Lease of lock `namespace/name` (one for a mutex); `Ok(None)` if
@@ -166,6 +202,25 @@ mod tests {
 
     fn own() -> serde_json::Value {
         json!({LABEL_ROLE: ROLE_LOCK, LABEL_LOCK: "orders"})
+    }
+
+    #[test]
+    fn a_fenced_write_is_judged_only_against_a_lease_of_the_locks_own() {
+        // The lock's status still says 40; the Lease it last raised to 41 is gone.
+        let state = fencing_state(&lock(Some(40)), None, None).expect_err("no Lease: unknown");
+        assert_eq!(
+            state,
+            "it has no Lease of its own right now (the controller re-creates a deleted one at once): its current token cannot be read, so the write is refused; try again"
+        );
+        let squatter = lease(json!({}), "uid-1", Some("mallory"), json!({ANNOTATION_TOKEN: "99"}));
+        assert!(fencing_state(&lock(Some(40)), Some(&squatter), None).is_err(), "a squatter's Lease decides nothing");
+        let slot = fencing_state(&lock(Some(40)), None, Some(0)).expect_err("no Lease for the slot");
+        assert!(slot.contains("no Lease for slot 0"), "{slot}");
+        let above = fencing_state(&lock(Some(40)), None, Some(3)).expect_err("no such slot");
+        assert!(above.contains("no slot 3 (its permits are 1)"), "{above}");
+        let held = lease(own(), "uid-1", Some("a_1"), json!({ANNOTATION_TOKEN: "41"}));
+        let state = fencing_state(&lock(Some(40)), Some(&held), None).expect("its own Lease");
+        assert_eq!(state, LockState { token: 41, hold: Hold::Held { holder: "a_1".into(), token: 41 } });
     }
 
     #[test]
