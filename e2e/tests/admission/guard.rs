@@ -396,12 +396,14 @@ async fn a_lease_squatting_a_locks_name_is_never_taken_for_the_lock_lease() {
     let lease = env.leases().get(LOCK).await.expect("the squatted Lease");
     assert_eq!(lease.resource_version(), squatted.resource_version(), "a never confirmed the squatted \"grant\"");
 
-    // The webhooks do not take its token or its holder for the lock's.
+    // The webhooks do not take its token or its holder for the lock's: with no Lease of
+    // its own, the lock's current token is unknown, and a fenced write carrying the
+    // squatter's token is refused as such.
     let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
     let fenced: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "fenced",
         "labels": {LABEL_FENCED_BY: LOCK}, "annotations": {ANNOTATION_TOKEN: "5"}}}))
     .expect("a ConfigMap");
-    refused(cms.create(&PostParams::default(), &fenced).await, "higher than any token issued");
+    refused(cms.create(&PostParams::default(), &fenced).await, "has no Lease of its own right now");
     let request = json!({"metadata": {"annotations": {ANNOTATION_FORCE_RELEASE: "squatter"}}});
     refused(
         env.locks().patch(LOCK, &PatchParams::default(), &Patch::Merge(&request)).await,
