@@ -128,7 +128,9 @@ pub fn fencing_state(lock: &DistributedLock, lease: Option<&Lease>, slot: Option
     let slot_number = slot.unwrap_or(0);
     let permits = u32::try_from(lock.spec.permits).unwrap_or(1).max(1);
     if slot_number >= permits {
-        return Err(format!("it has no slot {slot_number} (its permits are {permits}): nothing holds it, so nothing fenced by it can be written"));
+        return Err(format!(
+            "it has no slot {slot_number} (its permits are {permits}): nothing holds it, so nothing fenced by it can be written"
+        ));
     }
     let which = slot.map_or_else(|| "no Lease".to_owned(), |s| format!("no Lease for slot {s}"));
     Err(format!(
