@@ -310,6 +310,54 @@ async fn inventory_example_sells_from_real_pods_and_refuses_a_stale_token() {
     assert_eq!(query(&ns.name, &db, "SELECT stock, token FROM inventory"), before, "nothing changed");
 }
 
+#[tokio::test]
+async fn report_builders_example_holds_at_most_three_permits_from_real_pods_each_fenced_on_its_row() {
+    let node = node();
+    import_example_images();
+    installed();
+    let ns = node.namespace("ex-builders").await;
+    apply_example(&ns.name, "report-builders-postgres");
+    for deployment in ["report-db", "report-builder"] {
+        let mut status = kubectl();
+        status.args(["rollout", "status", "-n", &ns.name, &format!("deployment/{deployment}"), "--timeout=4m"]);
+        run(status, &format!("rollout of {deployment}"));
+    }
+    let admin = node.admin_client().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns.name);
+    let db = pods
+        .list(&kube::api::ListParams::default().labels("app=report-db"))
+        .await
+        .expect("the database pod")
+        .items
+        .into_iter()
+        .find_map(|p| p.metadata.name)
+        .expect("a database pod");
+    // Five builders, three permits: all three held at once, the others waiting.
+    let locks: Api<leasehold::crd::DistributedLock> = Api::namespaced(admin, &ns.name);
+    leasehold_harness::eventually("three permits held, builders waiting", Duration::from_secs(120), || async {
+        let lock = locks.get("report-builders").await.map_err(|e| e.to_string())?;
+        let status = lock.status.ok_or("no status")?;
+        match (status.held_permits.as_deref(), status.queue_length) {
+            (Some("3/3"), waiting) if waiting > 0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // Every slot's row was started and stepped by a holder of that slot, with its token.
+    let rows = leasehold_harness::eventually("every slot's row built", Duration::from_secs(120), || async {
+        let rows = query(&ns.name, &db, "SELECT slot, token FROM builder_slots WHERE progress > 0 ORDER BY slot");
+        if rows.lines().count() == 3 { Ok(rows) } else { Err(rows) }
+    })
+    .await;
+    let (slot, token) = rows.lines().next().and_then(|r| r.split_once('|')).expect("slot 0's row");
+    let token: i64 = token.parse().expect("a token");
+    // A builder of slot 0 with an older token (one that paused past its lease) changes nothing.
+    let step = std::fs::read_to_string(repo().join("examples/report-builders-postgres/step.sql")).expect("sql");
+    let answered =
+        query(&ns.name, &db, &format!("PREPARE step(int, bigint) AS {step} EXECUTE step({slot}, {});", token - 1));
+    assert!(answered.is_empty(), "a stale token stepped slot {slot}: {answered}");
+}
+
 /// The lock's lease duration in the session-worker example.
 const SESSION_LEASE: Duration = Duration::from_secs(15);
 
