@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
+use leasehold_harness::Node;
 use leasehold_image::{Entry, ImageSpec, Reference};
 
 use crate::support::{exec, installed, kubectl, node, repo, run, text, wait_pod};
@@ -263,6 +264,24 @@ fn query(namespace: &str, pod: &str, sql: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
+/// Waits for the rollouts of an example's database Deployment `db` (its Pods labelled
+/// `app=<db>`) and its `workers`; returns the database Pod's name.
+async fn database_after_rollouts(node: &Node, namespace: &str, db: &str, workers: &str) -> String {
+    for deployment in [db, workers] {
+        let mut status = kubectl();
+        status.args(["rollout", "status", "-n", namespace, &format!("deployment/{deployment}"), "--timeout=4m"]);
+        run(status, &format!("rollout of {deployment}"));
+    }
+    let pods: Api<Pod> = Api::namespaced(node.admin_client().await, namespace);
+    pods.list(&kube::api::ListParams::default().labels(&format!("app={db}")))
+        .await
+        .expect("the database pod")
+        .items
+        .into_iter()
+        .find_map(|p| p.metadata.name)
+        .expect("a database pod")
+}
+
 #[tokio::test]
 async fn inventory_example_sells_from_real_pods_and_refuses_a_stale_token() {
     let node = node();
@@ -270,20 +289,7 @@ async fn inventory_example_sells_from_real_pods_and_refuses_a_stale_token() {
     installed();
     let ns = node.namespace("ex-inventory").await;
     apply_example(&ns.name, "inventory-postgres");
-    for deployment in ["inventory-db", "inventory-worker"] {
-        let mut status = kubectl();
-        status.args(["rollout", "status", "-n", &ns.name, &format!("deployment/{deployment}"), "--timeout=4m"]);
-        run(status, &format!("rollout of {deployment}"));
-    }
-    let pods: Api<Pod> = Api::namespaced(node.admin_client().await, &ns.name);
-    let db = pods
-        .list(&kube::api::ListParams::default().labels("app=inventory-db"))
-        .await
-        .expect("the database pod")
-        .items
-        .into_iter()
-        .find_map(|p| p.metadata.name)
-        .expect("a database pod");
+    let db = database_after_rollouts(node, &ns.name, "inventory-db", "inventory-worker").await;
     // The workers sell, one at a time under the lock, each sale stamped with its token.
     let (stock, token) = leasehold_harness::eventually("ten widgets sold", Duration::from_secs(120), || async {
         let row = query(&ns.name, &db, "SELECT stock, token FROM inventory WHERE item = 'widget'");
@@ -317,21 +323,8 @@ async fn report_builders_example_holds_at_most_three_permits_from_real_pods_each
     installed();
     let ns = node.namespace("ex-builders").await;
     apply_example(&ns.name, "report-builders-postgres");
-    for deployment in ["report-db", "report-builder"] {
-        let mut status = kubectl();
-        status.args(["rollout", "status", "-n", &ns.name, &format!("deployment/{deployment}"), "--timeout=4m"]);
-        run(status, &format!("rollout of {deployment}"));
-    }
+    let db = database_after_rollouts(node, &ns.name, "report-db", "report-builder").await;
     let admin = node.admin_client().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns.name);
-    let db = pods
-        .list(&kube::api::ListParams::default().labels("app=report-db"))
-        .await
-        .expect("the database pod")
-        .items
-        .into_iter()
-        .find_map(|p| p.metadata.name)
-        .expect("a database pod");
     // Five builders, three permits: all three held at once, the others waiting.
     let locks: Api<leasehold::crd::DistributedLock> = Api::namespaced(admin, &ns.name);
     leasehold_harness::eventually("three permits held, builders waiting", Duration::from_secs(120), || async {
