@@ -185,7 +185,7 @@ async fn bench() -> anyhow::Result<bool> {
     for &locks in &plan.throughput_locks {
         // The apiserver's ceiling first, from as many clients as the run below has (one per
         // lock), for the same warm-up and window: the run's writes are read against it.
-        let name = format!("apiserver ceiling (beside throughput): raw Lease CAS, {locks} clients");
+        let name = format!("apiserver ceiling (beside throughput): raw Lease CAS, clients: {locks}");
         phase(&mut run, began, &name, async {
             let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
             let mut r = Run::default();

@@ -105,7 +105,7 @@ pub fn verdicts(run: &Run, ratios: &[Ratio], lease_ms: f64) -> Vec<Verdict> {
 
     let r = find("leasehold.handoff", "peer.etcd.handoff");
     out.push(at_most(
-        &format!("Handoff p99 ≤ {}× the etcd lock's", num(HANDOFF_VS_ETCD)),
+        &format!("Handoff p99 ≤ {HANDOFF_VS_ETCD:.0}× the etcd lock's"),
         r.map_or("—".into(), |r| {
             format!(
                 "{:.2}× (Leasehold p99 {} ms, etcd p99 {} ms)",
@@ -322,6 +322,24 @@ const CEILING_FRACTION: f64 = 0.7;
 /// The scale at which the controller's memory has a second target, and that target.
 const LARGE_SCALE: (usize, f64) = (100_000, 400.0);
 
+/// `1 lock`, `10 locks`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+/// `100000` as `100,000`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
 /// A target with no limit: the number is reported, never judged.
 fn reported(target: &str, measured: String) -> Verdict {
     let verdict = if measured.is_empty() { "not measured" } else { "reported" };
@@ -367,11 +385,11 @@ fn throughput_vs_ceiling(run: &Run) -> Vec<Verdict> {
             let ceiling = run.ceilings.iter().find(|c| c.clients == t.locks)?;
             let (writes, fraction) = ceiling_fraction(run, t)?;
             let target = format!(
-                "Throughput, {} locks × {}: writes/s ≥ {:.0} % of the apiserver's CAS ceiling with {} clients",
-                t.locks,
+                "Throughput, {} × {} claimants: apiserver writes/s ≥ {:.0} % of its raw CAS ceiling from {}",
+                count(t.locks, "lock"),
                 t.clients_per_lock,
                 CEILING_FRACTION * 100.0,
-                ceiling.clients
+                count(ceiling.clients, "client")
             );
             let measured = format!(
                 "{:.0} % ({:.1} cycles/s × {:.2} writes per grant = {} writes/s; ceiling {} CAS/s)",
@@ -404,18 +422,18 @@ fn throughput_vs_ceiling(run: &Run) -> Vec<Verdict> {
 /// The controller with 100,000 locks, reconciled and then idle: the larger of the two
 /// readings (the target holds in both states), and how long reconciling them took.
 fn controller_at_scale(run: &Run) -> Verdict {
-    let (count, limit) = LARGE_SCALE;
-    let target = format!("Controller ≤ {limit:.0} MiB with {count} locks reconciled and idle");
-    let reconciled = run.memory.iter().find(|m| m.what == format!("controller, {count} locks"));
+    let (locks, limit) = LARGE_SCALE;
+    let target = format!("Controller ≤ {limit:.0} MiB with {} locks reconciled and idle", thousands(locks));
+    let reconciled = run.memory.iter().find(|m| m.what == format!("controller, {locks} locks"));
     let Some(reconciled) = reconciled else {
         return Verdict {
             target,
             measured: "—".into(),
-            verdict: format!("not measured (run with LEASEHOLD_BENCH_SCALE_COUNTS={count}, e.g. `make bench-scale`)"),
+            verdict: format!("not measured (run with LEASEHOLD_BENCH_SCALE_COUNTS={locks}, e.g. `make bench-scale`)"),
             met: None,
         };
     };
-    let idle = run.memory.iter().find(|m| m.what == format!("controller, {count} idle locks, end of the quiet window"));
+    let idle = run.memory.iter().find(|m| m.what == format!("controller, {locks} idle locks, end of the quiet window"));
     let mib = |k: u64| k as f64 / 1024.0;
     let largest = idle.map_or(reconciled.rss_kib, |i| i.rss_kib.max(reconciled.rss_kib));
     let seconds = |key: &str| reconciled.params[key].as_f64().map_or("—".into(), |s| format!("{s:.0} s"));
@@ -424,14 +442,15 @@ fn controller_at_scale(run: &Run) -> Verdict {
     let before: f64 = run.facts.get("scale_rates").and_then(Value::as_array).map_or(0.0, |steps| {
         steps
             .iter()
-            .filter(|s| s["locks"].as_u64().is_some_and(|n| n < count as u64))
+            .filter(|s| s["locks"].as_u64().is_some_and(|n| n < locks as u64))
             .filter_map(|s| s["reconciled_s"].as_f64())
             .sum()
     });
     let measured = format!(
-        "VmRSS {:.1} MiB reconciled, {} idle; all {count} reconciled {} after this step's creates began (created in {}; earlier steps {before:.0} s more)",
+        "VmRSS {:.1} MiB reconciled, {} idle; all {} reconciled {} after this step's creates began (created in {}; earlier steps {before:.0} s more)",
         mib(reconciled.rss_kib),
         idle.map_or("—".into(), |i| format!("{:.1} MiB", mib(i.rss_kib))),
+        thousands(locks),
         seconds("all_reconciled_in_s"),
         seconds("created_in_s"),
     );
