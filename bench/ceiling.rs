@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 
-use crate::observe::{Writes, scrape};
+use crate::observe::Writes;
 use crate::record::Ceiling;
 use crate::stats::{Summary, ms_between};
 use crate::support::Env;
@@ -97,18 +97,9 @@ pub async fn run(
             }
         });
     }
-    tokio::time::sleep(warmup).await;
-    let (before, start) = (scrape(admin).await?, Instant::now());
-    tokio::time::sleep(window).await;
-    let (after, end) = (scrape(admin).await?, Instant::now());
-    stop.store(true, Ordering::Relaxed);
     // Each loop ends after its write in flight.
-    let drained = tokio::time::timeout(Duration::from_secs(60), async { while tasks.join_next().await.is_some() {} })
-        .await
-        .is_ok();
-    if !drained {
-        tasks.abort_all();
-    }
+    let ((before, start), (after, end)) =
+        crate::observe::window(admin, warmup, window, &stop, &mut tasks, Duration::from_secs(60)).await?;
     let selector = format!("{LABEL}={clients}");
     leases
         .delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector))

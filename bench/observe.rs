@@ -272,3 +272,26 @@ pub fn mean_interval(changes: &BTreeMap<String, Vec<Instant>>) -> Option<Duratio
     });
     (n > 0).then(|| total / n)
 }
+
+/// A measuring window over loops already running in `tasks`: waits `warmup`, scrapes the
+/// apiserver's counters at both ends of `window`, then sets `stop` and gives the loops
+/// `drain` to end (aborting them after that). Returns the two scrapes and when they were taken.
+pub async fn window<T: 'static>(
+    admin: &kube::Client,
+    warmup: Duration,
+    window: Duration,
+    stop: &std::sync::atomic::AtomicBool,
+    tasks: &mut tokio::task::JoinSet<T>,
+    drain: Duration,
+) -> anyhow::Result<((Requests, Instant), (Requests, Instant))> {
+    tokio::time::sleep(warmup).await;
+    let before = (scrape(admin).await?, Instant::now());
+    tokio::time::sleep(window).await;
+    let after = (scrape(admin).await?, Instant::now());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await.is_ok();
+    if !drained {
+        tasks.abort_all();
+    }
+    Ok((before, after))
+}

@@ -16,7 +16,7 @@ use leasehold::claim::Claimant;
 use leasehold::crd::{ClaimMode, DistributedLockSpec};
 use leasehold::lease::Identity;
 
-use crate::observe::{Writes, scrape};
+use crate::observe::Writes;
 use crate::record::Throughput;
 use crate::sidecar::create_lock_with;
 use crate::stats::{Summary, ms_between};
@@ -110,18 +110,9 @@ pub async fn run(
             });
         }
     }
-    tokio::time::sleep(warmup).await;
-    let (before, start) = (scrape(admin).await?, Instant::now());
-    tokio::time::sleep(window).await;
-    let (after, end) = (scrape(admin).await?, Instant::now());
-    stop.store(true, Ordering::Relaxed);
     // Everyone still queued is granted in turn and leaves; give that a bounded time.
-    let drained = tokio::time::timeout(Duration::from_secs(120), async { while tasks.join_next().await.is_some() {} })
-        .await
-        .is_ok();
-    if !drained {
-        tasks.abort_all();
-    }
+    let ((before, start), (after, end)) =
+        crate::observe::window(admin, warmup, window, &stop, &mut tasks, Duration::from_secs(120)).await?;
 
     let inside = |t: &Instant| *t >= start && *t < end;
     let cycles = cycles.lock().expect("not poisoned");
