@@ -184,7 +184,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let named = format!("{namespace}/{lock}");
     let client = crate::kube_client::client().await.context("failed to build a Kubernetes client")?;
     // Who we are, as the apiserver sees it: the Pod when the token is bound to one.
-    let identity = Identity::discover(&client).await.context("failed to learn who we are (SelfSubjectReview)")?;
+    let deadline = tokio::time::Instant::now() + config.acquire_wait();
+    let identity = discover(&client, deadline).await.context("failed to learn who we are (SelfSubjectReview)")?;
     let claimant = Claimant::new(client, namespace, identity, MANAGER_CLI);
     // A grace the lock's timing cannot allow is refused before anything is claimed.
     if config.grace.is_some() {
@@ -244,6 +245,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let status = supervised.context("failed to wait for the command")?;
     info!(lock, token, was_held = outcome.was_held, code = exit_code(status), "command finished; released");
     Ok(exit_code(status))
+}
+
+/// Who we are, as the apiserver sees it. A busy, failing or unreachable apiserver is asked
+/// again until `deadline` (the wait for the lock): it costs time, not the run.
+async fn discover(client: &kube::Client, deadline: tokio::time::Instant) -> anyhow::Result<Identity> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let error = match tokio::time::timeout(crate::lease::cas::REQUEST_TIMEOUT, Identity::discover(client)).await {
+            Ok(Ok(identity)) => return Ok(identity),
+            Ok(Err(e)) if crate::lease::cas::status_code(&e).is_some_and(|c| c != 429 && c < 500) => {
+                return Err(e.into());
+            }
+            Ok(Err(e)) => anyhow::Error::from(e),
+            Err(_) => anyhow::anyhow!("no answer within {:?}", crate::lease::cas::REQUEST_TIMEOUT),
+        };
+        if tokio::time::Instant::now() + pause >= deadline {
+            return Err(error);
+        }
+        warn!(error = %error, ?pause, "failed to learn who we are; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
 }
 
 /// Starts the guard (which starts the command once it has a deadline) in a process group

@@ -578,8 +578,14 @@ impl World {
         };
         let kind = self.kind_for(lock, n);
         let name = format!("w{n}-{lock}");
-        // Writers and readers of every kind, over the run.
-        let writer = lock == RW_LOCK && (n + n / 4) % 2 == 0;
+        // One writer among the read-write lock's workers, the others readers. Each one
+        // queues again soon after it lets go, so under a fair queue they settle into a
+        // rotation: with two writers it can alternate reader, writer, reader, writer and
+        // never let two readers share, while with one writer two readers always queue
+        // side by side somewhere in it. A replacement takes the role of the one it
+        // replaces (the writer goes only when retired).
+        let writer =
+            lock == RW_LOCK && !self.workers.lock().expect("lock").values().any(|w| w.lock == RW_LOCK && w.writer);
         if writer {
             self.writers.lock().expect("lock").insert(name.clone());
         }

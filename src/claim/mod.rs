@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 
 pub use edit::LostReason;
 pub use hold::{Hold, HoldEvent, HoldStatus, ReleaseOutcome};
-pub use react::{Ours, Reaction};
+pub use react::{Ours, Reaction, Unanswered};
 pub use watch::{SlotWatches, lease_states};
 
 use crate::crd::{ClaimMode, DistributedLock, LockClaim};
@@ -106,12 +106,10 @@ impl AcquireError {
     /// Whether trying again may succeed: the apiserver was busy (429), failing (5xx) or
     /// did not answer. A refusal (403, 404, a conflict) is an answer, not a passing state.
     pub fn is_transient(&self) -> bool {
-        let passing = |code: Option<u16>| code.is_none_or(|c| c == 429 || c >= 500);
         match self {
-            AcquireError::ReadTimeout { .. } | AcquireError::Lease(CasError::Timeout { .. }) => true,
-            AcquireError::ReadLock { source, .. } | AcquireError::Lease(CasError::Api { source, .. }) => {
-                passing(status_code(source))
-            }
+            AcquireError::ReadTimeout { .. } => true,
+            AcquireError::ReadLock { source, .. } => status_code(source).is_none_or(|c| c == 429 || c >= 500),
+            AcquireError::Lease(e) => e.is_transient(),
             _ => false,
         }
     }
@@ -271,9 +269,13 @@ impl Claimant {
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
         let floor = self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or(0);
         let mut missed_grant = false;
-        let mut leftover: Option<(tokio::time::Instant, u32)> = None;
+        // When to read a slot's Lease again: once an earlier process's hold may be given
+        // back, or soon after a confirmation got no answer (the watch may be down too).
+        let mut look_again: Option<(tokio::time::Instant, u32)> = None;
         // The latest grant whose confirmation the apiserver refused (it did not land).
         let mut unconfirmed: Option<i64> = None;
+        // Confirmations that got no answer: they may have landed.
+        let mut unanswered: Vec<Unanswered> = Vec::new();
         loop {
             let (slot, state) = tokio::select! {
                 biased;
@@ -282,17 +284,15 @@ impl Claimant {
                     self.withdraw(lock, ticket).await;
                     return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
                 }
-                // Look at the Lease again once an earlier process's hold may be given back.
-                _ = tokio::time::sleep_until(leftover.map_or(deadline, |(at, _)| at)), if leftover.is_some() => {
-                    let slot = leftover.take().map_or(0, |(_, slot)| slot);
+                _ = tokio::time::sleep_until(look_again.map_or(deadline, |(at, _)| at)), if look_again.is_some() => {
+                    let slot = look_again.take().map_or(0, |(_, slot)| slot);
                     if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
                         let _ = polled.unbounded_send((slot, Some(lease)));
                     }
                     continue;
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
-                    self.ensure_claim(lock, &timing, mode).await?;
-                    next_refresh = tokio::time::Instant::now() + refresh;
+                    next_refresh = self.keep_claim(lock, &timing, mode, refresh).await?;
                     for slot in 0..watches.watched() {
                         if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
                             let _ = polled.unbounded_send((slot, Some(lease)));
@@ -310,6 +310,7 @@ impl Claimant {
                 identity: &self.identity,
                 floor,
                 unconfirmed,
+                unanswered: &unanswered,
                 missed_grant,
                 born: self.born,
                 terms: &terms,
@@ -320,6 +321,19 @@ impl Claimant {
             let Some(lease) = state else { continue };
             let token = match reaction {
                 Reaction::Confirm { token } => token,
+                // A confirmation that got no answer landed, its hold still valid.
+                Reaction::Adopt { token, sent } => {
+                    info!(lock, token, "a confirmation that got no answer had landed: the hold is ours");
+                    return Ok(self.held(
+                        lock,
+                        ticket,
+                        &mut guard,
+                        started,
+                        (slot, token, lease, sent),
+                        terms,
+                        (polls, watches),
+                    ));
+                }
                 Reaction::NotGranted { acknowledge, claim_again } => {
                     // A grant whose confirmation was refused (its Lease was replaced or
                     // deleted under it) was never reported held: if the controller now
@@ -335,8 +349,7 @@ impl Claimant {
                     // claim again now rather than at the next refresh.
                     if claim_again {
                         missed_grant = false;
-                        self.ensure_claim(lock, &timing, mode).await?;
-                        next_refresh = tokio::time::Instant::now() + refresh;
+                        next_refresh = self.keep_claim(lock, &timing, mode, refresh).await?;
                     }
                     continue;
                 }
@@ -346,7 +359,7 @@ impl Claimant {
                 // hold it.
                 Reaction::GiveBackAt { token, at } => {
                     debug!(lock, token, "an earlier process's hold: giving it back after its renew deadline");
-                    leftover = Some((tokio::time::Instant::from_std(at), slot));
+                    look_again = Some((tokio::time::Instant::from_std(at), slot));
                     continue;
                 }
                 Reaction::GiveBack { token } => {
@@ -354,29 +367,29 @@ impl Claimant {
                     if let Err(e) = self.store.replace(&edit::released(&lease)).await {
                         debug!(lock, error = %e, "failed to give back a leftover hold");
                     }
+                    // Our own confirmation, landed too late to use: the controller grants
+                    // afresh, and our claim must be there for it.
+                    if unanswered.iter().any(|u| u.token == token) {
+                        unanswered.clear();
+                        missed_grant = true;
+                    }
                     continue;
                 }
                 // Reactions of a holder: never given while waiting.
                 Reaction::Wait | Reaction::Renew | Reaction::LetGo(_) => continue,
             };
             let sent = Instant::now();
-            match self.store.replace(&edit::renewed(&lease, Timestamp::now())).await {
+            let confirmation = edit::renewed(&lease, Timestamp::now());
+            match self.store.replace(&confirmation).await {
                 Ok(confirmed) => {
-                    guard.armed = false;
-                    self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
-                    info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
-                    // The rest of the grant's slot's states (later ones included, those
-                    // the refresh read), for the renewal task.
-                    let later =
-                        polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
-                    let states = futures::stream::select(later, watches.into_slot(slot)).boxed();
-                    return Ok(Hold::start(
-                        self.clone(),
+                    return Ok(self.held(
                         lock,
                         ticket,
+                        &mut guard,
+                        started,
+                        (slot, token, confirmed, sent),
                         terms,
-                        hold::Confirmed { slot, token, lease: confirmed, sent },
-                        states,
+                        (polls, watches),
                     ));
                 }
                 // The grant moved on before we confirmed it (or the Lease is being
@@ -386,8 +399,62 @@ impl Claimant {
                     missed_grant = true;
                     unconfirmed = Some(token);
                 }
+                // No answer, or a busy or failing apiserver: the write may have landed, or
+                // may yet. Read the Lease again shortly; what it shows decides.
+                Err(e) if e.is_transient() => {
+                    warn!(lock, token, error = %e, "no answer to our confirmation; reading the lock again");
+                    self.metrics.apiserver_retries.inc();
+                    let renewed = confirmation.spec.as_ref().and_then(|s| s.renew_time.as_ref());
+                    if let Some(renewed) = renewed {
+                        unanswered.push(Unanswered { token, renew_micros: renewed.0.as_microsecond(), sent });
+                    }
+                    look_again = Some((tokio::time::Instant::now() + UNANSWERED_PAUSE, slot));
+                }
                 Err(e) => return Err(self.refused(lock, e)),
             }
+        }
+    }
+
+    /// The hold an acquisition ends with: a grant of `slot` with `token`, confirmed by a
+    /// write sent at `sent` whose result is `lease`.
+    #[allow(clippy::too_many_arguments)]
+    fn held(
+        &self,
+        lock: &str,
+        ticket: u64,
+        guard: &mut Withdraw,
+        started: Instant,
+        (slot, token, lease, sent): (u32, i64, Lease, Instant),
+        terms: GrantedTiming,
+        (polls, watches): (futures::channel::mpsc::UnboundedReceiver<(u32, Option<Lease>)>, SlotWatches),
+    ) -> Hold {
+        guard.armed = false;
+        self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
+        info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
+        // The rest of the grant's slot's states (later ones included, those the refresh
+        // read), for the renewal task.
+        let later = polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
+        let states = futures::stream::select(later, watches.into_slot(slot)).boxed();
+        Hold::start(self.clone(), lock, ticket, terms, hold::Confirmed { slot, token, lease, sent }, states)
+    }
+
+    /// Refreshes (or re-creates) our claim on `lock`; returns when to do so next. A busy or
+    /// unreachable apiserver costs a refresh, not the acquisition: it is tried again soon.
+    async fn keep_claim(
+        &self,
+        lock: &str,
+        timing: &Timing,
+        mode: ClaimMode,
+        refresh: Duration,
+    ) -> Result<tokio::time::Instant, AcquireError> {
+        match self.ensure_claim(lock, timing, mode).await {
+            Ok(()) => Ok(tokio::time::Instant::now() + refresh),
+            Err(e) if e.is_transient() => {
+                debug!(lock, error = %e, "failed to refresh our claim; trying again soon");
+                self.metrics.apiserver_retries.inc();
+                Ok(tokio::time::Instant::now() + UNANSWERED_PAUSE.min(refresh))
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -534,6 +601,9 @@ impl Claimant {
 
 /// The lifetime of a first claim, made before the lock's timing is read.
 const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(45);
+
+/// After a confirmation or a claim refresh got no answer: how soon to look again.
+const UNANSWERED_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a waiting claim lives without refresh; the controller drops older ones.
 pub fn claim_ttl(timing: &Timing) -> Duration {

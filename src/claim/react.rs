@@ -6,8 +6,13 @@
 //! and not yet confirmed by anyone — is confirmed. A grant naming us that is older, or
 //! already confirmed, is a leftover (of a hold we lost, or of an earlier process with our
 //! identity): it is never reported held, but given back, and only once the earlier process
-//! can no longer believe it holds. While holding, anything but the Lease still granting
-//! our hold with our token means the hold is lost.
+//! can no longer believe it holds. The one exception is a confirmation of our own whose
+//! answer never came (the request timed out or its connection broke) and which landed
+//! after all: the Lease shows the very renewTime we wrote. That hold is ours, its renew
+//! deadline counted from when we sent the write; it is taken if that deadline is still
+//! ahead, and given back at once otherwise (nobody else was ever told of it). While
+//! holding, anything but the Lease still granting our hold with our token means the hold
+//! is lost.
 
 use std::time::Instant;
 
@@ -40,6 +45,8 @@ pub struct Waiting<'a> {
     pub floor: i64,
     /// The latest grant whose confirmation the apiserver refused (it did not land).
     pub unconfirmed: Option<i64>,
+    /// Our confirmations that got no answer: each may have landed, or may yet.
+    pub unanswered: &'a [Unanswered],
     /// A grant slipped by before we could confirm it, and took our claim with it.
     pub missed_grant: bool,
     /// When this claimant was made: an earlier process with our identity renewed its hold
@@ -49,6 +56,19 @@ pub struct Waiting<'a> {
     pub terms: &'a GrantedTiming,
     /// The time now.
     pub now: Instant,
+}
+
+/// A confirmation we sent that got no answer (no reply in time, or the connection broke):
+/// it may have landed, or may still land.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unanswered {
+    /// The grant it confirmed.
+    pub token: i64,
+    /// The renewTime it wrote, in microseconds (the Lease's precision): a Lease showing
+    /// exactly this on that grant carries our write, nobody else's.
+    pub renew_micros: i64,
+    /// When it was sent: a hold it confirmed is valid until one renew deadline after.
+    pub sent: Instant,
 }
 
 /// What to do about a state of the lock Lease.
@@ -70,6 +90,14 @@ pub enum Reaction {
     Confirm {
         /// The grant's token.
         token: i64,
+    },
+    /// Waiting, and a confirmation of ours that got no answer landed, its renew deadline
+    /// still ahead: the hold with `token` is ours, valid from `sent`.
+    Adopt {
+        /// The grant's token.
+        token: i64,
+        /// When the confirmation that landed was sent.
+        sent: Instant,
     },
     /// Waiting, and the Lease names a leftover hold with `token` that an earlier process
     /// may have told its app it holds until `at`: look at the Lease again then.
@@ -113,6 +141,15 @@ fn while_waiting(lease: &Lease, w: &Waiting<'_>) -> Reaction {
     };
     if token > w.floor && !edit::is_confirmed(lease) {
         return Reaction::Confirm { token };
+    }
+    let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0.as_microsecond());
+    if let Some(ours) = w.unanswered.iter().find(|u| u.token == token && Some(u.renew_micros) == renewed) {
+        let valid_until = ours.sent + granted::of_lease(lease, w.terms).timing.renew_deadline;
+        return if valid_until > w.now {
+            Reaction::Adopt { token, sent: ours.sent }
+        } else {
+            Reaction::GiveBack { token }
+        };
     }
     // A hold of our own was handed to us and ended before we queued (at or below the
     // floor). Above it, the hold is an earlier process's: it may have told its app that it
@@ -216,6 +253,7 @@ mod tests {
             identity: &me,
             floor,
             unconfirmed,
+            unanswered: &[],
             missed_grant,
             born,
             terms: &terms,
@@ -316,6 +354,90 @@ mod tests {
         for (name, shape, waiting, expected) in cases {
             let state = shape.map(lease);
             assert_eq!(next(state.as_ref(), &Ours::Waiting(waiting)), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn after_a_confirmation_that_got_no_answer() {
+        let me = Identity::for_pod("w-0", UID);
+        let mine = Some(me.id.as_str());
+        let terms = terms();
+        let born = Instant::now();
+        let now = born + Duration::from_secs(10);
+        // `Shape::confirmed` writes renewTime one second after acquireTime.
+        let landed = 1_700_000_001_000_000;
+        let sent_ago = |secs| now - Duration::from_secs(secs);
+        let ours = |token, renew_micros, sent| Unanswered { token, renew_micros, sent };
+        let granted = |token, confirmed, renew_deadline| Shape {
+            holder: mine,
+            token: Some(token),
+            confirmed,
+            renew_deadline,
+            ..Shape::default()
+        };
+        // (what the Lease shows, our unanswered confirmations, the reaction)
+        let cases: Vec<(&str, Shape<'_>, Vec<Unanswered>, Reaction)> = vec![
+            (
+                "it landed, sent 2 s ago under a 10 s renew deadline: the hold is ours from its send",
+                granted(5, true, Some(10)),
+                vec![ours(5, landed, sent_ago(2))],
+                Reaction::Adopt { token: 5, sent: sent_ago(2) },
+            ),
+            (
+                "it landed, under the lock's renew deadline when the Lease records none",
+                granted(5, true, None),
+                vec![ours(5, landed, sent_ago(9))],
+                Reaction::Adopt { token: 5, sent: sent_ago(9) },
+            ),
+            (
+                "it landed, past its renew deadline: give back at once",
+                granted(5, true, Some(10)),
+                vec![ours(5, landed, sent_ago(10))],
+                Reaction::GiveBack { token: 5 },
+            ),
+            (
+                "the second of two landed",
+                granted(5, true, Some(10)),
+                vec![ours(5, landed - 7, sent_ago(6)), ours(5, landed, sent_ago(1))],
+                Reaction::Adopt { token: 5, sent: sent_ago(1) },
+            ),
+            (
+                "it has not landed: confirm again",
+                granted(5, false, Some(10)),
+                vec![ours(5, landed, sent_ago(2))],
+                Reaction::Confirm { token: 5 },
+            ),
+            (
+                "another write confirmed the grant: a leftover, given back after its renew deadline",
+                granted(5, true, Some(20)),
+                vec![ours(5, landed + 1, sent_ago(2))],
+                Reaction::GiveBackAt { token: 5, at: born + Duration::from_secs(20) },
+            ),
+            (
+                "the same renewTime on another grant is not our write",
+                granted(6, true, Some(20)),
+                vec![ours(5, landed, sent_ago(2))],
+                Reaction::GiveBackAt { token: 6, at: born + Duration::from_secs(20) },
+            ),
+            (
+                "the grant moved on to someone else",
+                Shape { holder: Some("other"), ..granted(6, true, Some(10)) },
+                vec![ours(5, landed, sent_ago(2))],
+                Reaction::NotGranted { acknowledge: None, claim_again: false },
+            ),
+        ];
+        for (name, shape, unanswered, expected) in cases {
+            let waiting = Waiting {
+                identity: &me,
+                floor: 4,
+                unconfirmed: None,
+                unanswered: &unanswered,
+                missed_grant: false,
+                born,
+                terms: &terms,
+                now,
+            };
+            assert_eq!(next(Some(&lease(shape)), &Ours::Waiting(waiting)), expected, "{name}");
         }
     }
 

@@ -118,6 +118,17 @@ impl CasError {
             CasError::Api { .. } => "api",
         }
     }
+
+    /// Whether trying again may succeed: no answer in time, or a busy (429), failing (5xx)
+    /// or unreachable apiserver. A refusal (403, 404, a conflict) is an answer, not a
+    /// passing state. A write that failed so may still have landed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            CasError::Timeout { .. } => true,
+            CasError::Api { source, .. } => status_code(source).is_none_or(|c| c == 429 || c >= 500),
+            _ => false,
+        }
+    }
 }
 
 /// The HTTP status of an apiserver error, if it is one.
