@@ -306,11 +306,14 @@ impl Claimant {
             if let (0, Some(lease)) = (slot, &state) {
                 watches.watch_up_to(edit::permits(lease));
             }
+            let claim = self.claims.claim(lock);
             let ours = Ours::Waiting(react::Waiting {
                 identity: &self.identity,
                 floor,
                 unconfirmed,
                 missed_grant,
+                claim: claim.as_ref().map(|(uid, _)| uid.as_str()),
+                claim_sent: claim.as_ref().map(|(_, sent)| *sent),
                 born: self.born,
                 terms: &terms,
                 now: Instant::now(),
@@ -320,6 +323,13 @@ impl Claimant {
             let Some(lease) = state else { continue };
             let token = match reaction {
                 Reaction::Confirm { token } => token,
+                Reaction::Answer { token, sent } => {
+                    guard.armed = false;
+                    self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
+                    info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
+                    let granted = hold::Granted { slot, token, lease, sent };
+                    return Ok(self.hold(lock, ticket, terms, granted, polls, watches));
+                }
                 Reaction::NotGranted { acknowledge, claim_again } => {
                     // A grant whose confirmation was refused (its Lease was replaced or
                     // deleted under it) was never reported held: if the controller now
@@ -365,19 +375,8 @@ impl Claimant {
                     guard.armed = false;
                     self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
                     info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
-                    // The rest of the grant's slot's states (later ones included, those
-                    // the refresh read), for the renewal task.
-                    let later =
-                        polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
-                    let states = futures::stream::select(later, watches.into_slot(slot)).boxed();
-                    return Ok(Hold::start(
-                        self.clone(),
-                        lock,
-                        ticket,
-                        terms,
-                        hold::Confirmed { slot, token, lease: confirmed, sent },
-                        states,
-                    ));
+                    let granted = hold::Granted { slot, token, lease: confirmed, sent };
+                    return Ok(self.hold(lock, ticket, terms, granted, polls, watches));
                 }
                 // The grant moved on before we confirmed it (or the Lease is being
                 // re-created): that grant is not ours; keep waiting.
@@ -389,6 +388,23 @@ impl Claimant {
                 Err(e) => return Err(self.refused(lock, e)),
             }
         }
+    }
+
+    /// Starts renewing `granted`, fed the rest of its slot's states: later ones, and those
+    /// the refresh read.
+    fn hold(
+        &self,
+        lock: &str,
+        ticket: book::Ticket,
+        terms: GrantedTiming,
+        granted: hold::Granted,
+        polls: futures::channel::mpsc::UnboundedReceiver<(u32, Option<Lease>)>,
+        watches: SlotWatches,
+    ) -> Hold {
+        let slot = granted.slot;
+        let later = polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
+        let states = futures::stream::select(later, watches.into_slot(slot)).boxed();
+        Hold::start(self.clone(), lock, ticket, terms, granted, states)
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or the next try would start past
@@ -424,10 +440,11 @@ impl Claimant {
         let _writing = self.claims.write(lock).await;
         for _ in 0..3 {
             let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+            let sent = Instant::now();
             match self.claim_store.create(&claim).await {
                 Ok(created) => {
                     debug!(lock, claim = %name, "claimed");
-                    self.claims.set_uid(lock, created.metadata.uid);
+                    self.claims.created(lock, created.metadata.uid, sent);
                     return Ok(());
                 }
                 Err(CasError::AlreadyExists { .. }) => {
@@ -452,9 +469,11 @@ impl Claimant {
         // as stale) is created again: a claimant that believes it waits must have a claim.
         for _ in 0..3 {
             let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
+            let mut created = None;
             let written = match existing {
                 None => {
                     let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+                    created = Some(Instant::now());
                     self.claim_store.create(&claim).await
                 }
                 Some(claim) if !edit::is_our_claim(&claim, lock, &self.identity) => {
@@ -470,7 +489,10 @@ impl Claimant {
             };
             match written {
                 Ok(claim) => {
-                    self.claims.set_uid(lock, claim.metadata.uid);
+                    match created {
+                        Some(sent) => self.claims.created(lock, claim.metadata.uid, sent),
+                        None => self.claims.set_uid(lock, claim.metadata.uid),
+                    }
                     return Ok(());
                 }
                 Err(CasError::AlreadyExists { .. } | CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,
