@@ -403,6 +403,34 @@ async fn broken_controller_regrant_is_caught() {
     assert!(report.violations.iter().any(|v| v.contains("both believed they held")), "{report}");
 }
 
+/// Sections of every length and apps that trust only answers: a lock often free when a
+/// worker claims it, so many grants are answered before they are confirmed, and many of
+/// those holds outlast the confirm timeout while others wait.
+fn answered_early(controller_bin: Option<String>) -> Layout {
+    Layout { views_only: true, controller_bin, ..Layout::plain(1, 3) }
+}
+
+const EARLY_FAULTS: &[&str] = &["waiter-sigstop", "holder-sigkill", "waiter-sigstop"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "with its broken counterpart: run by `make test-faults`"]
+async fn a_grant_answered_before_its_confirmation_is_never_granted_again_under_it() {
+    let report = scenario(answered_early(None), EARLY_FAULTS, 2).await;
+    eprintln!("{report}");
+    assert!(report.violations.is_empty(), "{report}");
+}
+
+/// A controller built with `broken-unconfirmed-at-once` revokes a grant its holder has not
+/// confirmed within the confirm timeout, though the holder answered it at once (its first
+/// renewal is a retry period after its claim): the next holder overlaps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the broken controller binary: run by `make test-faults`"]
+async fn broken_unconfirmed_revocation_is_caught() {
+    let report = scenario(answered_early(broken("LEASEHOLD_BROKEN_UNCONFIRMED")), EARLY_FAULTS, 2).await;
+    eprintln!("broken unconfirmed revocation run:\n{report}");
+    assert!(report.violations.iter().any(|v| v.contains("both believed they held")), "{report}");
+}
+
 /// The semaphore and the read-write lock alone (no ordinary lock): faults run on the
 /// read-write lock, whose writers and readers come and go meanwhile. Sections are long,
 /// so that readers overlap and a writer often waits while one of them still holds.
