@@ -149,6 +149,12 @@ bench: controlplane node image ## Benchmarks vs. the floors and peer libraries, 
 	bench/prepare.sh >/dev/null
 	$(CARGO) bench --bench leasehold
 
+.PHONY: bench-scale
+# The quiet baseline runs too: the idle locks' writes per minute are net of its background.
+bench-scale: controlplane ## Only the bench's scale phase, at 10,000 and 100,000 locks: controller memory, time to reconcile, idle writes; report in target/bench/.
+	bench/prepare.sh >/dev/null
+	LEASEHOLD_BENCH_PHASES="baseline,many locks" LEASEHOLD_BENCH_SCALE_COUNTS=10000,100000 $(CARGO) bench --bench leasehold
+
 .PHONY: test-faults
 # Test-only builds broken on purpose, each in its own target directory; the fault suite
 # must catch every one (see docs/fault-suite.md).

@@ -3,7 +3,8 @@
 //!
 //! Order matters: the quiet baseline of apiserver writes first (before any lock exists),
 //! then the latency-sensitive measurements, interleaved in rounds so that each sees the same
-//! load (bench/rounds.rs), then the held locks and failovers, then throughput, then the slow
+//! load (bench/rounds.rs), then the held locks and failovers, then throughput (each lock
+//! count beside the apiserver's own write ceiling with as many clients), then the slow
 //! timer-bound runs (peers' handoffs and failovers, Leasehold's crash failover) side by
 //! side, and the 10,000-lock memory run last (it leaves the apiserver with a lot to carry).
 //! Every phase's failure is recorded and the run goes on; the exit status says whether
@@ -13,6 +14,7 @@
 
 use leasehold_e2e_support as support;
 
+mod ceiling;
 mod cpu;
 mod floors;
 mod lease_level;
@@ -181,6 +183,16 @@ async fn bench() -> anyhow::Result<bool> {
     })
     .await;
     for &locks in &plan.throughput_locks {
+        // The apiserver's ceiling first, from as many clients as the run below has (one per
+        // lock), for the same warm-up and window: the run's writes are read against it.
+        let name = format!("apiserver ceiling (beside throughput): raw Lease CAS, clients: {locks}");
+        phase(&mut run, began, &name, async {
+            let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
+            let mut r = Run::default();
+            r.ceilings.push(ceiling::run(&env, &admin, &background, locks, warmup, window).await?);
+            Ok(r)
+        })
+        .await;
         let name = format!("Leasehold: throughput, {locks} locks × {} clients", plan.clients_per_lock);
         phase(&mut run, began, &name, async {
             let (clients, warmup, window) = (plan.clients_per_lock, plan.throughput_warmup, plan.throughput_window);

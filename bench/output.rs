@@ -58,6 +58,7 @@ pub async fn finish(mut run: Run, out: &Path, logs: &Path, began: Instant, measu
         let mark = match v.met {
             Some(true) => "MET",
             Some(false) => "MISSED",
+            None if v.verdict == "reported" => "REPORTED",
             None => "NOT MEASURED",
         };
         println!("target {mark}: {} — {} — {}", v.target, v.verdict, v.measured);

@@ -67,7 +67,7 @@ pub struct Plan {
     pub pod_deletions: usize,
     /// App crash failover samples (session-bound holds).
     pub app_crashes: usize,
-    /// Lock counts of the throughput runs.
+    /// Lock counts of the throughput runs (and of the apiserver ceiling's clients).
     pub throughput_locks: Vec<usize>,
     /// Contending clients per lock.
     pub clients_per_lock: usize,
@@ -137,7 +137,7 @@ impl Plan {
             held_window: Duration::from_secs(30),
             pod_deletions: 20,
             app_crashes: 30,
-            throughput_locks: vec![1, 10, 100],
+            throughput_locks: vec![1, 10, 100, 1_000],
             clients_per_lock: 10,
             // A semaphore of 10 permits with 30 clients; a read-write lock, readers-heavy.
             permit_runs: vec![(10, 30, 0), (10, 30, 3)],

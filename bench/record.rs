@@ -68,14 +68,40 @@ pub struct Throughput {
     pub errors: usize,
     /// What they were: category, count, an example.
     pub error_kinds: Vec<String>,
-    /// Apiserver writes per cycle in the window (background removed).
+    /// Apiserver writes per cycle, that is per grant, in the window (background removed).
     pub writes_per_cycle: f64,
-    /// CAS conflicts (409) per cycle.
+    /// CAS conflicts (409) per cycle (per grant).
     pub conflicts_per_cycle: f64,
     /// Writes by kind per cycle.
     pub breakdown: String,
     /// Acquire latency (request to hold, including queueing) in the window.
     pub acquire_ms: Summary,
+}
+
+/// The apiserver's write ceiling: raw Lease compare-and-swaps per second from some
+/// clients, each on a Lease of its own.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ceiling {
+    /// Clients, one Lease each (as many as the throughput run with that many locks has).
+    pub clients: usize,
+    /// Successful writes (replace returned) inside the window.
+    pub writes: usize,
+    /// Window, seconds.
+    pub seconds: f64,
+    /// Successful writes per second.
+    pub per_second: f64,
+    /// Writes refused with 409 in the window (none expected: no Lease is shared).
+    pub conflicts: usize,
+    /// Other failed requests in the window.
+    pub errors: usize,
+    /// The first of them, to say what went wrong.
+    pub first_error: Option<String>,
+    /// Writes per second by the apiserver's own counters, background removed.
+    pub apiserver_writes_per_second: f64,
+    /// Those writes by kind, per second.
+    pub breakdown: String,
+    /// Latency of one replace under that load.
+    pub cas_ms: Summary,
 }
 
 /// A count of apiserver writes.
@@ -130,6 +156,8 @@ pub struct Run {
     pub series: Vec<Series>,
     /// Throughput runs.
     pub throughput: Vec<Throughput>,
+    /// The apiserver's write ceiling, measured beside the throughput runs.
+    pub ceilings: Vec<Ceiling>,
     /// Write counts.
     pub writes: Vec<WriteCount>,
     /// Memory readings.
@@ -156,6 +184,7 @@ impl Run {
     pub fn merge(&mut self, other: Run) {
         self.series.extend(other.series);
         self.throughput.extend(other.throughput);
+        self.ceilings.extend(other.ceilings);
         self.writes.extend(other.writes);
         self.memory.extend(other.memory);
         self.cpu.extend(other.cpu);
