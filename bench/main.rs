@@ -171,7 +171,7 @@ async fn bench() -> anyhow::Result<bool> {
     phase(&mut run, began, name, interleaved(&env, &admin, controller_pid, &peers, &world, &plan, &background)).await;
     phase(&mut run, began, "Leasehold: held locks (writes, sidecar memory)", async {
         let locks: Vec<String> = (0..plan.held_locks).map(|i| format!("held-{i}")).collect();
-        sidecar::held(&admin, &world.acquirer, &locks, &background, plan.held_window).await
+        sidecar::held(&admin, env.name(), &world.acquirer, &locks, &background, plan.held_window).await
     })
     .await;
     phase(&mut run, began, "Leasehold: Pod-deletion failover", async {

@@ -237,3 +237,38 @@ impl<K> Drop for Latest<K> {
         self.task.abort();
     }
 }
+
+/// Every change (a new resourceVersion) of the objects named `names`, as a watch of `api`
+/// delivers it during `window`: when each arrived, per name. Counted on the objects
+/// themselves, so nothing else the apiserver does in the window enters the count.
+pub async fn changes<K>(api: Api<K>, names: &[String], window: Duration) -> BTreeMap<String, Vec<Instant>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let mut seen: BTreeMap<String, (Option<String>, Vec<Instant>)> =
+        names.iter().map(|n| (n.clone(), (None, Vec::new()))).collect();
+    let mut stream = watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
+    let _ = tokio::time::timeout(window, async {
+        while let Some(Ok(object)) = stream.next().await {
+            let Some((version, times)) = object.meta().name.as_ref().and_then(|n| seen.get_mut(n)) else { continue };
+            let current = object.meta().resource_version.clone();
+            // The watch's first listing shows each object once: a state, not a change.
+            if version.is_some() && *version != current {
+                times.push(Instant::now());
+            }
+            *version = current;
+        }
+    })
+    .await;
+    seen.into_iter().map(|(name, (_, times))| (name, times)).collect()
+}
+
+/// The mean time between consecutive changes over every object in `changes` (`None` with
+/// fewer than two changes of any one object).
+pub fn mean_interval(changes: &BTreeMap<String, Vec<Instant>>) -> Option<Duration> {
+    let (total, n) = changes.values().filter(|t| t.len() >= 2).fold((Duration::ZERO, 0u32), |(total, n), t| {
+        (total + (t[t.len() - 1] - t[0]), n + u32::try_from(t.len() - 1).unwrap_or(u32::MAX))
+    });
+    (n > 0).then(|| total / n)
+}

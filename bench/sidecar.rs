@@ -250,6 +250,7 @@ pub async fn handoff(
 /// minute, and the sidecar's memory holding one lock and all of them.
 pub async fn held(
     admin: &kube::Client,
+    namespace: &str,
     sidecar: &Sidecar,
     locks: &[String],
     background: &Writes,
@@ -267,8 +268,13 @@ pub async fn held(
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (before, t0) = (scrape(admin).await?, Instant::now());
-    tokio::time::sleep(window).await;
+    // Besides the apiserver's counters (whose background is subtracted, and which count
+    // whole renewals in or out of the window), the held Leases' own changes: the mean
+    // time between two writes of one held Lease.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), namespace);
+    let changes = crate::observe::changes(leases, locks, window).await;
     let writes = Writes::between(&before, &scrape(admin).await?, t0.elapsed().as_secs_f64());
+    let interval = crate::observe::mean_interval(&changes);
     let net = writes.less_background(background);
     let lock_minutes = locks.len() as f64 * writes.seconds / 60.0;
     run.memory.push(sidecar_memory(
@@ -287,6 +293,8 @@ pub async fn held(
             "raw_writes": writes.total(),
             "background_subtracted": writes.total() - net.total(),
             "retry_period_s": 2,
+            "lease_changes": changes.values().map(Vec::len).sum::<usize>(),
+            "mean_s_between_writes_of_one_lease": interval.map(|d| crate::observe::round2(d.as_secs_f64())),
         }),
     });
     for lock in locks {
