@@ -84,9 +84,9 @@ pub struct SlotMemory {
     /// The UID of the claim the latest hold on this slot was granted on: a claim is served
     /// once.
     pub served: Option<String>,
-    /// The slot Lease as last decided from or written in this term: if it is deleted, the
-    /// hold it carried is drained on the re-created one.
-    pub seen: Option<Lease>,
+    /// What the slot Lease as last decided from or written in this term carried: if it is
+    /// deleted, that hold is drained on the re-created one. Only what re-creation reads.
+    pub seen: Option<super::recreate::Seen>,
 }
 
 /// The controller's memory of one lock, valid for one leadership term.
