@@ -89,6 +89,36 @@ pub struct SlotMemory {
     pub seen: Option<super::recreate::Seen>,
 }
 
+/// The status a reconcile last applied to a lock: as written until the cached lock shows
+/// it, then that cached lock itself — shared with the cache, not a copy of its status. The
+/// value is the same either way; only who keeps it changes.
+#[derive(Clone, Debug)]
+pub enum AppliedStatus {
+    /// As written.
+    Written(Box<DistributedLockStatus>),
+    /// A cached lock whose status is the one written.
+    Cached(Arc<DistributedLock>),
+}
+
+impl AppliedStatus {
+    /// The status applied.
+    pub fn status(&self) -> Option<&DistributedLockStatus> {
+        match self {
+            AppliedStatus::Written(status) => Some(status),
+            AppliedStatus::Cached(lock) => lock.status.as_ref(),
+        }
+    }
+
+    /// Keeps `cached` in place of the status written once it shows that very status.
+    pub fn share(&mut self, cached: &Arc<DistributedLock>) {
+        if let AppliedStatus::Written(written) = self
+            && cached.status.as_ref() == Some(written.as_ref())
+        {
+            *self = AppliedStatus::Cached(cached.clone());
+        }
+    }
+}
+
 /// The controller's memory of one lock, valid for one leadership term.
 #[derive(Default)]
 pub struct LockMemory {
@@ -99,8 +129,8 @@ pub struct LockMemory {
     pub pending: Option<super::status::Outcome>,
     /// Per claim UID, since when its refresh has been unchanged.
     pub claims: HashMap<String, Sighting<Option<MicroTime>>>,
-    /// The status last applied.
-    pub status: Option<DistributedLockStatus>,
+    /// The status last applied (the cache may not show it yet).
+    pub status: Option<AppliedStatus>,
     /// Per slot. Boxed: a map node has room for several entries, and a slot's memory
     /// holds a whole Lease.
     pub slots: std::collections::BTreeMap<u32, Box<SlotMemory>>,
