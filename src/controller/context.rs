@@ -178,8 +178,8 @@ pub struct Context {
     pub routine_events: Mutex<HashMap<(String, String, String), std::time::Instant>>,
     /// ServiceAccount of each claimant Pod seen (by Pod UID; immutable for a Pod).
     pub pod_accounts: Mutex<HashMap<String, String>>,
-    /// Namespaces whose claimant RBAC is in place, with the subjects bound.
-    pub rbac: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<String>>>>>,
+    /// Namespaces whose claimant RBAC is in place, with what it was applied from.
+    pub rbac: Mutex<HashMap<String, Arc<tokio::sync::Mutex<super::rbac::applied::Applied>>>>,
 }
 
 impl Context {
