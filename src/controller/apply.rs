@@ -10,11 +10,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
-use super::context::{Context, LockKey};
+use super::context::{AppliedStatus, Context, LockKey};
 use super::error::Error;
 use super::plan::{First, LeaseWrite, Plan, RequestUpdate, StatusPlan};
 use super::{claims, finalize, force, lock_lease, record, status};
@@ -139,10 +140,14 @@ async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleas
     let uid = lock.uid().unwrap_or_default();
     let mut outcome = plan.outcome;
     outcome.history.extend(history);
+    let cached = ctx.locks.get(&ObjectRef::from_obj(lock));
     let (remembered, outcome) = ctx.with_memory(key, &uid, |m| {
         let merged = status::merge(m.pending.take(), outcome);
         m.pending = Some(merged.clone());
-        (m.status.clone(), merged)
+        if let (Some(applied), Some(cached)) = (m.status.as_mut(), &cached) {
+            applied.share(cached);
+        }
+        (m.status.as_ref().and_then(AppliedStatus::status).cloned(), merged)
     });
     let previous = remembered.or_else(|| lock.status.clone()).unwrap_or_default();
     let waiters: Vec<_> = plan.waiters.iter().collect();
@@ -174,7 +179,7 @@ async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleas
         .map_err(|source| Error::Status { namespace: key.namespace.clone(), name: key.name.clone(), source })?;
     record::status_written(ctx, lock, &previous, &desired, &outcome);
     ctx.with_memory(key, &uid, |m| {
-        m.status = Some(desired);
+        m.status = Some(AppliedStatus::Written(Box::new(desired)));
         m.pending = None;
     });
     Ok(())

@@ -84,9 +84,39 @@ pub struct SlotMemory {
     /// The UID of the claim the latest hold on this slot was granted on: a claim is served
     /// once.
     pub served: Option<String>,
-    /// The slot Lease as last decided from or written in this term: if it is deleted, the
-    /// hold it carried is drained on the re-created one.
-    pub seen: Option<Lease>,
+    /// What the slot Lease as last decided from or written in this term carried: if it is
+    /// deleted, that hold is drained on the re-created one. Only what re-creation reads.
+    pub seen: Option<super::recreate::Seen>,
+}
+
+/// The status a reconcile last applied to a lock: as written until the cached lock shows
+/// it, then that cached lock itself — shared with the cache, not a copy of its status. The
+/// value is the same either way; only who keeps it changes.
+#[derive(Clone, Debug)]
+pub enum AppliedStatus {
+    /// As written.
+    Written(Box<DistributedLockStatus>),
+    /// A cached lock whose status is the one written.
+    Cached(Arc<DistributedLock>),
+}
+
+impl AppliedStatus {
+    /// The status applied.
+    pub fn status(&self) -> Option<&DistributedLockStatus> {
+        match self {
+            AppliedStatus::Written(status) => Some(status),
+            AppliedStatus::Cached(lock) => lock.status.as_ref(),
+        }
+    }
+
+    /// Keeps `cached` in place of the status written once it shows that very status.
+    pub fn share(&mut self, cached: &Arc<DistributedLock>) {
+        if let AppliedStatus::Written(written) = self
+            && cached.status.as_ref() == Some(written.as_ref())
+        {
+            *self = AppliedStatus::Cached(cached.clone());
+        }
+    }
 }
 
 /// What we saw of one claim, on our clock.
@@ -107,8 +137,8 @@ pub struct LockMemory {
     pub pending: Option<super::status::Outcome>,
     /// Per claim UID, when we first saw it and since when its refresh has been unchanged.
     pub claims: HashMap<String, ClaimSeen>,
-    /// The status last applied.
-    pub status: Option<DistributedLockStatus>,
+    /// The status last applied (the cache may not show it yet).
+    pub status: Option<AppliedStatus>,
     /// Per slot. Boxed: a map node has room for several entries, and a slot's memory
     /// holds a whole Lease.
     pub slots: std::collections::BTreeMap<u32, Box<SlotMemory>>,
@@ -156,8 +186,8 @@ pub struct Context {
     pub routine_events: Mutex<HashMap<(String, String, String), std::time::Instant>>,
     /// ServiceAccount of each claimant Pod seen (by Pod UID; immutable for a Pod).
     pub pod_accounts: Mutex<HashMap<String, String>>,
-    /// Namespaces whose claimant RBAC is in place, with the subjects bound.
-    pub rbac: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<String>>>>>,
+    /// Namespaces whose claimant RBAC is in place, with what it was applied from.
+    pub rbac: Mutex<HashMap<String, Arc<tokio::sync::Mutex<super::rbac::applied::Applied>>>>,
 }
 
 impl Context {

@@ -4,7 +4,7 @@
 
 use kube::ResourceExt;
 
-use super::context::{Context, LockKey};
+use super::context::{AppliedStatus, Context, LockKey};
 use crate::crd::DistributedLock;
 use crate::crd_force::limits::MAX_APPROVALS;
 
@@ -26,7 +26,7 @@ pub fn executed(ctx: &Context, key: &LockKey, lock: &DistributedLock) -> Option<
         m.pending
             .as_ref()
             .and_then(|p| p.forced.as_ref())
-            .or_else(|| m.status.as_ref().and_then(|s| s.last_force_release.as_ref()))
+            .or_else(|| m.status.as_ref().and_then(AppliedStatus::status).and_then(|s| s.last_force_release.as_ref()))
             .and_then(of)
     });
     remembered.or_else(|| lock.status.as_ref()?.last_force_release.as_ref().and_then(of))

@@ -87,8 +87,8 @@ pub async fn write(
     let replaced = current.and_then(|c| c.resource_version());
     ctx.with_memory(key, uid, |m| {
         let s = m.slot(slot);
+        s.seen = Some(super::recreate::seen(&written));
         s.written = Some(Box::new((replaced, written.clone())));
-        s.seen = Some(written.clone());
     });
     Ok(written)
 }

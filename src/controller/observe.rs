@@ -15,7 +15,7 @@ use super::decide::Tokens;
 use super::error::Error;
 use super::plan::{self, HoldClock, Observation, SlotView, Waiting};
 use super::view::{self, LeaseState};
-use super::{claims, clocks, force_requests, pods};
+use super::{claims, clocks, force_requests, pods, recreate};
 use crate::crd::{DistributedLock, ForceReleaseRequest};
 use crate::lease::clock::Sighting;
 use crate::lease::{GrantedTiming, Identity, token};
@@ -90,7 +90,7 @@ pub async fn observe<'a>(
         let mut clocks = Vec::with_capacity(leases.len());
         for ((slot, lease), state) in leases.iter().zip(&states) {
             let memory = m.slot(*slot);
-            memory.seen = Some(lease.clone());
+            memory.seen = Some(recreate::seen(lease));
             clocks.push(match state {
                 LeaseState::Held(h) => {
                     if let Some(claim) =

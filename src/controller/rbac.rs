@@ -16,9 +16,10 @@
 //!   container statuses (a list and watch by name) to release holds of an app container
 //!   that restarted. Other Pods of the namespace are out of reach.
 //!
-//! The names follow the locks and the Pods: recomputed from the caches at every reconcile,
-//! when a lock is deleted, and when a Pod with the sidecar appears or goes; applied only
-//! when they change. A namespace whose last lock is
+//! The names follow the locks and the Pods: recomputed from the caches when a reconcile's
+//! lock adds something else to them than when they were last computed ([`applied`]), when
+//! a lock is deleted, and when a Pod with the sidecar appears or goes; applied only when
+//! they change. A namespace whose last lock is
 //! deleted keeps its Role without a Lease rule (and its RoleBinding, so that a lock
 //! re-created there is claimable at once). Both carry [`MANAGED_LABELS`], which find them,
 //! and, when the controller is given one (`--owner-cluster-role`), an owner reference to
@@ -42,9 +43,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::context::Context;
+use super::context::{Context, LockKey};
 use super::error::Error;
 use crate::crd::{DistributedLock, LABEL_INJECT, MANAGED_LABELS, MANAGER_CONTROLLER};
+
+pub mod applied;
+
+use applied::Applied;
 
 /// Name of the Role and RoleBinding in each namespace.
 pub const CLIENT_ROLE: &str = "leasehold-client";
@@ -78,13 +83,10 @@ pub fn grant<'a>(locks: impl IntoIterator<Item = &'a DistributedLock>) -> Grant 
     let mut all = false;
     let mut leases = BTreeSet::new();
     for lock in locks {
-        // Every slot Lease: one per permit, and any above them still held after the lock
-        // shrank (its holder must still renew and release it).
-        let held_above = lock.status.iter().flat_map(|s| &s.holders).filter_map(|h| u32::try_from(h.slot).ok());
-        let slots = held_above.map(|slot| slot + 1).fold(super::plan::permits(lock), u32::max);
-        leases.extend(crate::lease::slot::lease_names(&lock.name_any(), slots));
-        all |= lock.spec.clients.is_empty();
-        named.extend(lock.spec.clients.iter().cloned());
+        let share = applied::share(lock);
+        leases.extend(crate::lease::slot::lease_names(&lock.name_any(), share.slots));
+        all |= share.clients.is_empty();
+        named.extend(share.clients);
     }
     let clients = if all { Clients::All } else { Clients::Named(named) };
     Grant { clients: (!leases.is_empty()).then_some(clients), leases, pods: BTreeSet::new() }
@@ -165,17 +167,40 @@ pub fn binding(namespace: &str, clients: &Clients, owner: Option<&OwnerReference
     }
 }
 
+/// The turn of `namespace`: one writer per namespace at a time, and the locks read under
+/// that turn. Two reconciles of one namespace's locks computing from caches of different
+/// ages could otherwise land their patches in one order and record them in the other,
+/// leaving a Role that lacks a lock Lease while the memory says it is current.
+fn gate(ctx: &Context, namespace: &str) -> Arc<tokio::sync::Mutex<Applied>> {
+    ctx.rbac.lock().expect("rbac memory is never poisoned").entry(namespace.to_owned()).or_default().clone()
+}
+
 /// Makes the Role and RoleBinding of `namespace` follow its locks (as cached), if they
 /// changed since last applied.
 pub async fn ensure(ctx: &Context, namespace: &str) -> Result<(), Error> {
-    // One writer per namespace at a time, and the locks read under that turn: two
-    // reconciles of one namespace's locks computing from caches of different ages could
-    // otherwise land their patches in one order and record them in the other, leaving a
-    // Role that lacks a lock Lease while the memory says it is current.
-    let gate = ctx.rbac.lock().expect("rbac memory is never poisoned").entry(namespace.to_owned()).or_default().clone();
+    let gate = gate(ctx, namespace);
     let mut known = gate.lock().await;
-    let locks = ctx.locks.state();
-    let mut grant = grant(locks.iter().filter(|l| l.namespace().as_deref() == Some(namespace)).map(|l| l.as_ref()));
+    apply(ctx, namespace, &mut known).await
+}
+
+/// [`ensure`] for a reconcile of lock `key`: nothing to do when the grant last applied
+/// counted that lock as the cache shows it now (whatever else changed has a recheck of
+/// its own, [`applied`]).
+pub async fn ensure_for(ctx: &Context, key: &LockKey) -> Result<(), Error> {
+    let gate = gate(ctx, &key.namespace);
+    let mut known = gate.lock().await;
+    let cached = ctx.locks.get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(&key.namespace));
+    if cached.is_some_and(|lock| known.counts(&lock)) {
+        return Ok(());
+    }
+    apply(ctx, &key.namespace, &mut known).await
+}
+
+/// Computes the grant of `namespace` from the caches and applies it if it differs from
+/// `known`, the one last applied.
+async fn apply(ctx: &Context, namespace: &str, known: &mut Applied) -> Result<(), Error> {
+    let locks: Vec<_> = ctx.locks.state().into_iter().filter(|l| l.namespace().as_deref() == Some(namespace)).collect();
+    let mut grant = grant(locks.iter().map(|l| l.as_ref()));
     // Sidecars read their Pods only while the namespace has locks.
     let with_locks = !grant.leases.is_empty();
     grant.pods = ctx
@@ -186,7 +211,8 @@ pub async fn ensure(ctx: &Context, namespace: &str) -> Result<(), Error> {
         .map(|p| p.name_any())
         .collect();
     let fingerprint = format!("{grant:?}");
-    if known.as_deref() == Some(fingerprint.as_str()) {
+    if known.fingerprint.as_deref() == Some(fingerprint.as_str()) {
+        known.record(fingerprint, locks.iter().map(|l| l.as_ref()));
         return Ok(());
     }
     let err = |kind, source| Error::Rbac { kind, namespace: namespace.into(), name: CLIENT_ROLE.into(), source };
@@ -202,8 +228,8 @@ pub async fn ensure(ctx: &Context, namespace: &str) -> Result<(), Error> {
         let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), namespace);
         bindings.patch(CLIENT_ROLE, &params, &Patch::Apply(body)).await.map_err(|e| err("RoleBinding", e))?;
     }
-    info!(namespace, leases = ?grant.leases, pods = grant.pods.len(), clients = ?grant.clients, "client RBAC applied");
-    *known = Some(fingerprint);
+    info!(namespace, leases = grant.leases.len(), pods = grant.pods.len(), clients = ?grant.clients, "client RBAC applied");
+    known.record(fingerprint, locks.iter().map(|l| l.as_ref()));
     Ok(())
 }
 
@@ -262,8 +288,8 @@ pub fn on_lock_event(
 }
 
 /// A callback for the Pods watch stream, after the cache was updated: asks for a recheck of
-/// the namespace when a Pod with the sidecar appears or goes (not on its status updates),
-/// and of every namespace on a re-list.
+/// the namespace when a Pod with the sidecar appears or goes — deleted, or its label taken
+/// off — (not on its status updates), and of every namespace on a re-list.
 pub fn on_pod_event(
     tx: mpsc::UnboundedSender<Recheck>,
 ) -> impl FnMut(&Result<watcher::Event<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Pod>>, watcher::Error>)
@@ -278,7 +304,7 @@ pub fn on_pod_event(
                 }
                 Recheck::Pods(key.0)
             }
-            Ok(watcher::Event::Delete(pod)) => {
+            Ok(watcher::Event::Apply(pod) | watcher::Event::Delete(pod)) => {
                 let key = (pod.namespace().unwrap_or_default(), pod.name_any());
                 if !known.remove(&key) {
                     return;
@@ -452,7 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_recheck_comes_when_a_pod_with_the_sidecar_appears_or_goes_not_on_its_updates() {
+    fn a_pod_recheck_comes_when_a_pod_with_the_sidecar_appears_or_goes_not_on_its_other_updates() {
         let pod = |name: &str, inject: bool| {
             let mut meta = kube::core::PartialObjectMeta::<k8s_openapi::api::core::v1::Pod>::default();
             meta.metadata.name = Some(name.into());
@@ -470,6 +496,9 @@ mod tests {
             watcher::Event::Apply(pod("other", false)),
             watcher::Event::Delete(pod("other", false)),
             watcher::Event::Delete(pod("w-0", true)),
+            watcher::Event::Apply(pod("w-1", true)),
+            watcher::Event::Apply(pod("w-1", false)), // its label taken off
+            watcher::Event::Apply(pod("w-1", false)),
             watcher::Event::InitDone,
         ] {
             on_event(&Ok(event));
@@ -478,7 +507,8 @@ mod tests {
         while let Ok(recheck) = rx.try_recv() {
             seen.push(recheck);
         }
-        assert_eq!(seen, [Recheck::Pods("shop".into()), Recheck::Pods("shop".into()), Recheck::All]);
+        let shop = || Recheck::Pods("shop".into());
+        assert_eq!(seen, [shop(), shop(), shop(), shop(), Recheck::All]);
     }
 
     #[test]

@@ -57,7 +57,7 @@ async fn reconcile_lock(lock: &DistributedLock, ctx: &Context) -> Result<Action,
         return Ok(Action::await_change());
     }
     if ctx.settings.manage_rbac && !deleting {
-        rbac::ensure(ctx, &key.namespace).await?;
+        rbac::ensure_for(ctx, &key).await?;
     }
     finalize::ensure(ctx, lock, &key).await?;
     let store = LeaseStore::new(ctx.client.clone(), &key.namespace, MANAGER_CONTROLLER);

@@ -29,25 +29,47 @@ pub struct Orphan {
     pub mode: ClaimMode,
 }
 
+/// What re-creation needs of a slot Lease as last seen, and no more: the hold it carried
+/// (`None`: none that could be drained — no holder, or no readable token), with the lease
+/// duration the Lease itself records (zero when it records none: the spec's applies).
+/// Kept in place of the Lease, which is many times its size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seen(Option<Orphan>);
+
+/// What `lease` (a slot Lease as seen) tells re-creation.
+pub fn seen(lease: &Lease) -> Seen {
+    // No fallback: a Lease that records no lease duration takes the spec's at re-creation.
+    const RECORDED_ONLY: GrantedTiming = GrantedTiming {
+        timing: crate::lease::Timing {
+            lease_duration: Duration::ZERO,
+            renew_deadline: Duration::ZERO,
+            retry_period: Duration::ZERO,
+        },
+        max_hold: None,
+    };
+    let carried = || {
+        let identity = crate::claim::edit::holder(lease)?.to_owned();
+        let token = match crate::claim::edit::draining(lease) {
+            Some(revoked) => revoked?,
+            None => crate::lease::token::of_lease(lease)?,
+        };
+        Some(Orphan {
+            identity,
+            token,
+            lease_duration: granted::of_lease(lease, &RECORDED_ONLY).timing.lease_duration,
+            mode: super::view::mode_of(lease),
+        })
+    };
+    Seen(carried())
+}
+
 /// The hold the deleted Lease carried: the one on the Lease as we last decided from it
 /// in this leadership term (`seen`), or — if we had not looked at it yet — the one status
 /// records. `None` when it carried none. A holder that released after status was written
 /// makes the next grant wait for one lease duration: a cost, never a second holder.
-pub fn orphan(seen: Option<&Lease>, status: Option<&HolderStatus>, spec: &GrantedTiming) -> Option<Orphan> {
+pub fn orphan(seen: Option<&Seen>, status: Option<&HolderStatus>, spec: &GrantedTiming) -> Option<Orphan> {
     let mut found = match seen {
-        Some(lease) => {
-            let identity = crate::claim::edit::holder(lease)?.to_owned();
-            let token = match crate::claim::edit::draining(lease) {
-                Some(revoked) => revoked?,
-                None => crate::lease::token::of_lease(lease)?,
-            };
-            Orphan {
-                identity,
-                token,
-                lease_duration: granted::of_lease(lease, spec).timing.lease_duration,
-                mode: super::view::mode_of(lease),
-            }
-        }
+        Some(Seen(carried)) => carried.clone()?,
         None => {
             let h = status?;
             let granted_for = match (&h.renewed_at, &h.expires_at) {
@@ -131,6 +153,12 @@ mod tests {
         };
         let drained = build::draining(&held_by("a_1", 7, 9), 8, "Forced", Some(7));
         let free = build::new_lock_lease(&lock(), 0, 7);
+        let mut unrecorded = held_by("a_1", 7, 9);
+        unrecorded.spec.as_mut().unwrap().lease_duration_seconds = None;
+        let mut writer = held_by("a_1", 7, 9);
+        writer.annotations_mut().insert(ANNOTATION_MODE.into(), ClaimMode::Write.as_str().into());
+        let mut tokenless = held_by("a_1", 7, 9);
+        tokenless.annotations_mut().remove(crate::crd::ANNOTATION_TOKEN);
         type Row = (&'static str, Option<Lease>, Option<HolderStatus>, Option<Orphan>);
         let table: Vec<Row> = vec![
             ("nothing known", None, None, None),
@@ -140,6 +168,14 @@ mod tests {
             ("seen free after status was written", Some(free), Some(status("b_2", 6, 12)), None),
             ("a drain still unacknowledged", Some(drained), None, orphan_of("a_1", 7, 9)),
             ("never shorter than the spec", Some(held_by("a_1", 7, 2)), None, orphan_of("a_1", 7, 5)),
+            ("no lease duration on the Lease: the spec's", Some(unrecorded.clone()), None, orphan_of("a_1", 7, 5)),
+            (
+                "a writer stays a writer",
+                Some(writer),
+                None,
+                Some(Orphan { mode: ClaimMode::Write, ..orphan_of("a_1", 7, 9).unwrap() }),
+            ),
+            ("a holder without a readable token: none", Some(tokenless), Some(status("b_2", 6, 12)), None),
             (
                 "status without timing: the spec's",
                 None,
@@ -148,7 +184,7 @@ mod tests {
             ),
         ];
         for (name, written, status, want) in table {
-            assert_eq!(orphan(written.as_ref(), status.as_ref(), &spec), want, "{name}");
+            assert_eq!(orphan(written.map(|l| seen(&l)).as_ref(), status.as_ref(), &spec), want, "{name}");
         }
     }
 

@@ -1,6 +1,7 @@
 //! Client RBAC on the real apiserver: the `leasehold-client` Role reaches the namespace's
-//! lock Leases by name and nothing else of its Leases, follows the locks, and everything
-//! the controller creates in an app namespace is labelled as Leasehold's.
+//! lock Leases by name and nothing else of its Leases, follows the locks, its binding
+//! follows their clients, and everything the controller creates in an app namespace is
+//! labelled as Leasehold's.
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -93,6 +94,42 @@ async fn the_client_role_names_exactly_the_lock_leases_and_follows_the_locks() {
     env.locks().delete("stock", &DeleteParams::default()).await.expect("delete the last lock");
     until(&roles, CLIENT_ROLE, WAIT, "no Lease rule without locks", |r: &Role| lease_names(r).is_none()).await;
     bindings.get(CLIENT_ROLE).await.expect("the RoleBinding stays");
+}
+
+/// The subjects the client RoleBinding binds, as `kind:name`.
+fn subjects(binding: &RoleBinding) -> Vec<String> {
+    binding.subjects.iter().flatten().map(|s| format!("{}:{}", s.kind, s.name)).collect()
+}
+
+#[tokio::test]
+async fn the_client_binding_follows_each_change_of_a_locks_clients() {
+    let env = Env::new("adm-rbac-clients").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    let bindings: Api<RoleBinding> = Api::namespaced(env.ns.client.clone(), env.name());
+    let bound = |expected: Vec<String>| move |b: &RoleBinding| subjects(b) == expected;
+    let accounts = |names: &[&str]| names.iter().map(|n| format!("ServiceAccount:{n}")).collect::<Vec<_>>();
+    let clients = |names: &[&str]| json!({"spec": {"clients": names}});
+    let patch = |body: serde_json::Value| {
+        let locks = env.locks();
+        async move {
+            let params = kube::api::PatchParams::default();
+            locks.patch(LOCK, &params, &kube::api::Patch::Merge(body)).await.expect("change the lock's clients");
+        }
+    };
+
+    env.lock(LOCK, DistributedLockSpec { clients: vec!["web".into()], ..DistributedLockSpec::default() }).await;
+    env.lock("stock", DistributedLockSpec { clients: vec!["web".into()], ..DistributedLockSpec::default() }).await;
+    until(&bindings, CLIENT_ROLE, WAIT, "web bound", bound(accounts(&["web"]))).await;
+    // Each change of one lock's clients, with nothing else changing in the namespace.
+    patch(clients(&["web", "cron"])).await;
+    until(&bindings, CLIENT_ROLE, WAIT, "cron bound too", bound(accounts(&["cron", "web"]))).await;
+    patch(clients(&["cron"])).await;
+    until(&bindings, CLIENT_ROLE, WAIT, "both still bound (stock names web)", bound(accounts(&["cron", "web"]))).await;
+    patch(clients(&[])).await;
+    let everyone = vec![format!("Group:system:serviceaccounts:{}", env.name())];
+    until(&bindings, CLIENT_ROLE, WAIT, "every ServiceAccount bound", bound(everyone)).await;
+    patch(clients(&["web"])).await;
+    until(&bindings, CLIENT_ROLE, WAIT, "back to web alone", bound(accounts(&["web"]))).await;
 }
 
 #[tokio::test]

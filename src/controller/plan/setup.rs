@@ -6,7 +6,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
 use crate::controller::build;
-use crate::controller::recreate::{self, Orphan};
+use crate::controller::recreate::{self, Orphan, Seen};
 use crate::controller::status::Ready;
 use crate::controller::view::{self, Ownership};
 use crate::crd::DistributedLock;
@@ -35,14 +35,14 @@ pub enum Setup {
 }
 
 /// The setup for slot `slot` of `lock` given the Lease with its name (`None`: there is
-/// none), the highest token known, the Lease as last seen in this leadership term, and
-/// now. A slot at or above the lock's permits is never created.
+/// none), the highest token known, what the Lease carried as last seen in this leadership
+/// term, and now. A slot at or above the lock's permits is never created.
 pub fn setup(
     lock: &DistributedLock,
     slot: u32,
     lease: Option<&Lease>,
     known: i64,
-    seen: Option<&Lease>,
+    seen: Option<&Seen>,
     now: Timestamp,
 ) -> Setup {
     let deleting = lock.metadata.deletion_timestamp.is_some();

@@ -1,0 +1,117 @@
+//! What a namespace's client RBAC was last applied from, so that a reconcile finds out in
+//! constant time whether its lock changes the grant.
+//!
+//! The grant is the union over every lock of the namespace: recomputing it is work in
+//! proportion to the namespace's locks, and reconciles of one namespace take turns at it.
+//! Recomputed at every reconcile, that is quadratic in the locks — with 100,000 locks in
+//! one namespace, more than a reconcile's time each. So each lock's share of the grant is
+//! kept as the cache showed it when the grant was last computed, and a reconcile
+//! recomputes only when its own lock's share differs (or was never counted). Every other
+//! change has a recheck of its own: another lock's change reconciles that lock, a deleted
+//! lock, a Pod with the sidecar appearing or going and a re-list recompute the namespace.
+
+use std::collections::HashMap;
+
+use kube::ResourceExt;
+
+use crate::crd::DistributedLock;
+
+/// What one lock adds to its namespace's grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// How many slot Leases it names (slots `0..slots`).
+    pub slots: u32,
+    /// Its `spec.clients` (empty: every ServiceAccount of the namespace).
+    pub clients: Box<[String]>,
+}
+
+/// `lock`'s share of its namespace's grant: a slot Lease per permit, and one for every
+/// slot above them still held after the lock shrank (its holder must still renew and
+/// release it); its clients.
+pub fn share(lock: &DistributedLock) -> Share {
+    let held_above = lock.status.iter().flat_map(|s| &s.holders).filter_map(|h| u32::try_from(h.slot).ok());
+    Share {
+        slots: held_above.map(|slot| slot + 1).fold(crate::controller::plan::permits(lock), u32::max),
+        clients: lock.spec.clients.clone().into_boxed_slice(),
+    }
+}
+
+/// A namespace's client RBAC as last applied.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The grant applied, in its `Debug` form.
+    pub fingerprint: Option<String>,
+    /// Each lock's share (by name) as the grant applied counted it.
+    shares: HashMap<String, Share>,
+}
+
+impl Applied {
+    /// Records the grant applied (`fingerprint`), computed from `locks`.
+    pub fn record<'a>(&mut self, fingerprint: String, locks: impl IntoIterator<Item = &'a DistributedLock>) {
+        self.fingerprint = Some(fingerprint);
+        self.shares = locks.into_iter().map(|l| (l.name_any(), share(l))).collect();
+    }
+
+    /// Whether the grant applied counted `lock` as it is now.
+    pub fn counts(&self, lock: &DistributedLock) -> bool {
+        self.shares.get(&lock.name_any()).is_some_and(|s| *s == share(lock))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{DistributedLockSpec, DistributedLockStatus, HolderStatus};
+
+    fn lock(name: &str, permits: i32, clients: &[&str]) -> DistributedLock {
+        DistributedLock::new(
+            name,
+            DistributedLockSpec {
+                permits,
+                clients: clients.iter().map(|c| (*c).into()).collect(),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn holding_slot(mut lock: DistributedLock, slot: i32) -> DistributedLock {
+        let holder = HolderStatus {
+            mode: None,
+            identity: "w".into(),
+            slot,
+            pod: None,
+            fencing_token: 1,
+            acquired_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            renewed_at: None,
+            expires_at: None,
+            waited_seconds: 0.0,
+        };
+        lock.status = Some(DistributedLockStatus { holders: vec![holder], ..Default::default() });
+        lock
+    }
+
+    #[test]
+    fn a_lock_is_counted_only_as_it_was_when_the_grant_was_computed() {
+        let mut applied = Applied::default();
+        let orders = lock("orders", 1, &["worker"]);
+        assert!(!applied.counts(&orders), "nothing applied yet");
+        applied.record("g1".into(), [&orders, &lock("stock", 1, &[])]);
+        assert_eq!(applied.fingerprint.as_deref(), Some("g1"));
+        type Row = (&'static str, DistributedLock, bool);
+        let table: Vec<Row> = vec![
+            ("unchanged", orders.clone(), true),
+            ("a status write that holds no slot above the permits", holding_slot(orders.clone(), 0), true),
+            ("other clients", lock("orders", 1, &["worker", "cron"]), false),
+            ("clients emptied: every ServiceAccount", lock("orders", 1, &[]), false),
+            ("more permits", lock("orders", 3, &["worker"]), false),
+            ("a slot above the permits still held", holding_slot(orders.clone(), 2), false),
+            ("a lock not counted", lock("audit", 1, &["worker"]), false),
+        ];
+        for (case, now, counted) in table {
+            assert_eq!(applied.counts(&now), counted, "{case}");
+        }
+        // A new computation counts only the locks it was computed from.
+        applied.record("g2".into(), [&lock("stock", 1, &[])]);
+        assert!(!applied.counts(&orders), "a lock gone from the grant is no longer counted");
+    }
+}
