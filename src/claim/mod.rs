@@ -274,6 +274,8 @@ impl Claimant {
         let mut leftover: Option<(tokio::time::Instant, u32)> = None;
         // The latest grant whose confirmation the apiserver refused (it did not land).
         let mut unconfirmed: Option<i64> = None;
+        // Per slot, the token its Lease carried when we first saw it (0: none).
+        let mut first_seen: HashMap<u32, i64> = HashMap::new();
         loop {
             let (slot, state) = tokio::select! {
                 biased;
@@ -306,6 +308,9 @@ impl Claimant {
             if let (0, Some(lease)) = (slot, &state) {
                 watches.watch_up_to(edit::permits(lease));
             }
+            let first = *first_seen
+                .entry(slot)
+                .or_insert_with(|| state.as_ref().and_then(crate::lease::token::of_lease).unwrap_or(0));
             let claim = self.claims.claim(lock);
             let ours = Ours::Waiting(react::Waiting {
                 identity: &self.identity,
@@ -314,6 +319,7 @@ impl Claimant {
                 missed_grant,
                 claim: claim.as_ref().map(|(uid, _)| uid.as_str()),
                 claim_sent: claim.as_ref().map(|(_, sent)| *sent),
+                first_seen: first,
                 born: self.born,
                 terms: &terms,
                 now: Instant::now(),

@@ -49,6 +49,9 @@ pub struct Waiting<'a> {
     pub claim: Option<&'a str>,
     /// When the create of that claim was sent, if we made it.
     pub claim_sent: Option<Instant>,
+    /// The token this slot's Lease carried when we first saw it in this acquisition (0: it
+    /// had none, or did not exist): a grant above it was made while we watched.
+    pub first_seen: i64,
     /// A grant slipped by before we could confirm it, and took our claim with it.
     pub missed_grant: bool,
     /// When this claimant was made: an earlier process with our identity renewed its hold
@@ -140,8 +143,13 @@ fn while_waiting(lease: &Lease, w: &Waiting<'_>) -> Reaction {
                     _ => Reaction::Confirm { token },
                 };
             }
-            // Granted on another claim in our name: an earlier process's, which may have
-            // answered it before confirming. A leftover, like a confirmed one.
+            // Granted on another claim in our name (one the controller's cache still
+            // showed, of an earlier acquisition or an earlier process). Made while we
+            // watched, it cannot have been answered by an earlier process, gone before we
+            // were made, nor by an earlier acquisition, which withdrew unanswered: confirm
+            // it before answering. Found already made, an earlier process may have
+            // answered it before confirming: a leftover, like a confirmed one.
+            Some(_) if token > w.first_seen => return Reaction::Confirm { token },
             Some(_) => {}
         }
     }
@@ -256,6 +264,8 @@ mod tests {
             missed_grant,
             claim: Some("c1"),
             claim_sent: Some(sent),
+            // The grants below were there when we first looked.
+            first_seen: 100,
             born,
             terms: &terms,
             now,
@@ -362,6 +372,18 @@ mod tests {
                 Some(Shape { renew_deadline: Some(20), ..on("c0", 5) }),
                 waiting(0, None, false),
                 Reaction::GiveBackAt { token: 5, at: born + Duration::from_secs(20) },
+            ),
+            (
+                "granted on another claim in our name while we watched: confirm",
+                Some(on("c0", 5)),
+                Waiting { first_seen: 4, ..waiting(0, None, false) },
+                Reaction::Confirm { token: 5 },
+            ),
+            (
+                "granted on another claim in our name, the Lease first seen without a token: confirm",
+                Some(on("c0", 5)),
+                Waiting { first_seen: 0, ..waiting(0, None, false) },
+                Reaction::Confirm { token: 5 },
             ),
             (
                 "granted on a claim while ours is unknown: a leftover",
