@@ -404,12 +404,14 @@ async fn broken_controller_regrant_is_caught() {
 }
 
 /// Two workers, short and long sections, apps that trust only answers: a worker claiming
-/// behind a short section is granted within a second, so its grant is answered before it
-/// is confirmed, and half of those holds outlast the confirm timeout while the other
-/// worker waits.
+/// behind a short section is granted within the retry period (1 s), so its grant is
+/// answered before it is confirmed, and half of those holds outlast the confirm timeout
+/// while the other worker waits. The controllers' confirm timeout (300 ms) is shorter than
+/// the retry period, so such a grant is always still unconfirmed past it.
 fn answered_early(controller_bin: Option<String>) -> Layout {
     let sections = world::Sections { mix: vec![(1, 200, 600), (1, 2000, 4000)], step: (250, 500) };
-    Layout { sections, views_only: true, controller_bin, ..Layout::plain(1, 2) }
+    let confirm_timeout = Some(Duration::from_millis(300));
+    Layout { sections, views_only: true, controller_bin, confirm_timeout, ..Layout::plain(1, 2) }
 }
 
 const EARLY_FAULTS: &[&str] = &["network-delay", "clock-ahead", "clock-behind"];
