@@ -29,6 +29,10 @@ pub const ROLE_LOCK: &str = "lock";
 pub const ANNOTATION_TOKEN: &str = "leasehold.dev/fencing-token";
 /// Annotation on the lock Lease naming the LockClaim of the current holder.
 pub const ANNOTATION_CLAIM: &str = "leasehold.dev/claim";
+/// Annotation on the lock Lease naming the UID of the LockClaim the current hold was
+/// granted on: a claimant answers a grant before confirming it only when it names the
+/// claim that claimant made, whose sending it knows.
+pub const ANNOTATION_CLAIM_UID: &str = "leasehold.dev/claim-uid";
 /// Annotation on the lock Lease recording why the controller last took a hold away.
 pub const ANNOTATION_REVOKED: &str = "leasehold.dev/revoked";
 /// Annotation on a DistributedLock asking the controller to revoke the current hold.

@@ -403,6 +403,38 @@ async fn broken_controller_regrant_is_caught() {
     assert!(report.violations.iter().any(|v| v.contains("both believed they held")), "{report}");
 }
 
+/// Two workers, short and long sections, apps that trust only answers: a worker claiming
+/// behind a short section is granted within the retry period (1 s), so its grant is
+/// answered before it is confirmed, and half of those holds outlast the confirm timeout
+/// while the other worker waits. The controllers' confirm timeout (300 ms) is shorter than
+/// the retry period, so such a grant is always still unconfirmed past it.
+fn answered_early(controller_bin: Option<String>) -> Layout {
+    let sections = world::Sections { mix: vec![(1, 200, 600), (1, 2000, 4000)], step: (250, 500) };
+    let confirm_timeout = Some(Duration::from_millis(300));
+    Layout { sections, views_only: true, controller_bin, confirm_timeout, ..Layout::plain(1, 2) }
+}
+
+const EARLY_FAULTS: &[&str] = &["network-delay", "clock-ahead", "clock-behind"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "with its broken counterpart: run by `make test-faults`"]
+async fn a_grant_answered_before_its_confirmation_is_never_granted_again_under_it() {
+    let report = scenario(answered_early(None), EARLY_FAULTS, 3).await;
+    eprintln!("{report}");
+    assert!(report.violations.is_empty(), "{report}");
+}
+
+/// A controller built with `broken-unconfirmed-at-once` revokes a grant its holder has not
+/// confirmed within the confirm timeout, though the holder answered it at once (its first
+/// renewal is a retry period after its claim): the next holder overlaps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the broken controller binary: run by `make test-faults`"]
+async fn broken_unconfirmed_revocation_is_caught() {
+    let report = scenario(answered_early(broken("LEASEHOLD_BROKEN_UNCONFIRMED")), EARLY_FAULTS, 3).await;
+    eprintln!("broken unconfirmed revocation run:\n{report}");
+    assert!(report.violations.iter().any(|v| v.contains("both believed they held")), "{report}");
+}
+
 /// The semaphore and the read-write lock alone (no ordinary lock): faults run on the
 /// read-write lock, whose writers and readers come and go meanwhile. Sections are long,
 /// so that readers overlap and a writer often waits while one of them still holds.

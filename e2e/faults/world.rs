@@ -153,6 +153,8 @@ pub struct Layout {
     pub holder_bin: Option<String>,
     /// The binary the controllers (and the webhooks) run.
     pub controller_bin: Option<String>,
+    /// The controllers' `--confirm-timeout` (`None`: their default).
+    pub confirm_timeout: Option<Duration>,
 }
 
 impl Layout {
@@ -169,6 +171,7 @@ impl Layout {
             views_only: false,
             holder_bin: None,
             controller_bin: None,
+            confirm_timeout: None,
         }
     }
 
@@ -525,6 +528,9 @@ impl World {
                 // LEASEHOLD_E2E_CONTROLLER_LOG overrides the controllers' filter, for diagnosis.
                 std::env::var("LEASEHOLD_E2E_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
             );
+        if let Some(timeout) = self.layout.confirm_timeout {
+            command.arg(format!("--confirm-timeout={}ms", timeout.as_millis()));
+        }
         if i == 0 {
             command.args([
                 format!("--webhook-addr={webhook}"),

@@ -77,10 +77,16 @@ async fn queued(env: &Env, pod: &TestPod) {
     .await;
 }
 
-/// Pod 0 holds the lock; pods 1 and 2 wait behind it, in that order.
+/// Pod 0 holds the lock, renewed at least once; pods 1 and 2 wait behind it, in that order.
 async fn held_with_two_waiters(s: &Setup) -> (Hold, Vec<tokio::task::JoinHandle<()>>) {
     let ns = s.env.name();
     let hold = s.pods[0].claimant(ns).acquire(LOCK, Duration::from_secs(30)).await.expect("a acquires");
+    // Answered at once on its fresh claim, the hold shows `Granted` until its first
+    // renewal, a retry period after the claim: from then on, `Held`.
+    crate::support::watch::until(&s.env.leases(), LOCK, Duration::from_secs(30), "a's first renewal", |l| {
+        leasehold::claim::edit::is_confirmed(l)
+    })
+    .await;
     let mut waiters = Vec::new();
     for pod in &s.pods[1..] {
         let claimant = pod.claimant(ns);

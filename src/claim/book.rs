@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::OwnedMutexGuard;
 
@@ -23,6 +24,8 @@ struct Entry {
     gate: Arc<tokio::sync::Mutex<()>>,
     /// UID of the claim we last created or refreshed: a withdrawal deletes only that one.
     uid: Option<String>,
+    /// When the create of that claim was sent, when we made it: a grant on it comes later.
+    sent: Option<Instant>,
 }
 
 /// Tickets and write gates, per lock.
@@ -52,7 +55,26 @@ impl ClaimBook {
 
     /// Records the UID of our claim on `lock` (call while holding [`ClaimBook::write`]).
     pub(crate) fn set_uid(&self, lock: &str, uid: Option<String>) {
-        self.with(lock, |e| e.uid = uid);
+        self.with(lock, |e| {
+            if e.uid != uid {
+                e.sent = None;
+            }
+            e.uid = uid;
+        });
+    }
+
+    /// Records the claim on `lock` we just created, and when its create was sent (call
+    /// while holding [`ClaimBook::write`]).
+    pub(crate) fn created(&self, lock: &str, uid: Option<String>, sent: Instant) {
+        self.with(lock, |e| {
+            e.sent = uid.is_some().then_some(sent);
+            e.uid = uid;
+        });
+    }
+
+    /// Our claim on `lock` and when its create was sent, if we made it and know both.
+    pub(crate) fn claim(&self, lock: &str) -> Option<(String, Instant)> {
+        self.with(lock, |e| Some((e.uid.clone()?, e.sent?)))
     }
 
     /// The UID of our claim on `lock`, if known.

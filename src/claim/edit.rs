@@ -123,6 +123,11 @@ pub fn given_back(lease: &Lease, identity: &Identity, token: i64) -> Option<Leas
     ours.then(|| released(lease))
 }
 
+/// The UID of the claim the hold on this Lease was granted on, when the grant records it.
+pub fn claim_uid(lease: &Lease) -> Option<&str> {
+    lease.metadata.annotations.as_ref()?.get(crate::crd::ANNOTATION_CLAIM_UID).map(String::as_str)
+}
+
 /// Whether the hold on this Lease was confirmed by its holder (`renewTime != acquireTime`):
 /// the controller writes them equal at a grant, the holder's first renewal makes them differ.
 pub fn is_confirmed(lease: &Lease) -> bool {

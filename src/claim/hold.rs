@@ -2,7 +2,8 @@
 //!
 //! The hold self-fences: it is valid until the renew deadline after the *send* time of the
 //! last successful renewal, and never past its max-hold deadline (the lock's
-//! `maxHoldSeconds` from the send time of the confirmation), both under the timing the
+//! `maxHoldSeconds` from the send time of the confirmation, or of the claim when the grant
+//! was answered before confirming), both under the timing the
 //! hold was granted with (recorded on the lock Lease). [`Hold::is_held`] compares those
 //! deadlines with the clock on every call, so even a process that was frozen (SIGSTOP) and
 //! thawed never answers "held" late, whatever the renewal task has had a chance to run.
@@ -79,28 +80,29 @@ pub struct Hold {
     release: mpsc::Sender<oneshot::Sender<ReleaseOutcome>>,
 }
 
-/// A grant just confirmed by our compare-and-swap.
-pub(super) struct Confirmed {
+/// A grant taken: confirmed by our compare-and-swap, or answered at once because it was
+/// made on the claim we had just sent.
+pub(super) struct Granted {
     /// The slot granted.
     pub slot: u32,
     /// The grant's token.
     pub token: i64,
-    /// The lock Lease as our confirmation wrote it.
+    /// The lock Lease as our confirmation wrote it, or as the grant left it.
     pub lease: Lease,
-    /// When the confirmation was sent: the renew deadline and the max-hold deadline count
-    /// from here.
+    /// When the confirmation, or the claim, was sent: the renew deadline and the max-hold
+    /// deadline count from here, and the first renewal is due a retry period after it.
     pub sent: Instant,
 }
 
 impl Hold {
-    /// Starts renewing the confirmed grant. `fallback` is the lock's terms now, for a
+    /// Starts renewing the grant taken. `fallback` is the lock's terms now, for a
     /// Lease granted without recorded terms.
     pub(super) fn start(
         claimant: Claimant,
         lock: &str,
         ticket: super::book::Ticket,
         fallback: GrantedTiming,
-        Confirmed { slot, token, lease, sent }: Confirmed,
+        Granted { slot, token, lease, sent }: Granted,
         states: BoxStream<'static, Option<Lease>>,
     ) -> Hold {
         {

@@ -276,6 +276,8 @@ impl Claimant {
         let mut unconfirmed: Option<i64> = None;
         // Confirmations that got no answer: they may have landed.
         let mut unanswered: Vec<Unanswered> = Vec::new();
+        // Per slot, the token its Lease carried when we first saw it (0: none).
+        let mut first_seen: HashMap<u32, i64> = HashMap::new();
         loop {
             let (slot, state) = tokio::select! {
                 biased;
@@ -306,12 +308,19 @@ impl Claimant {
             if let (0, Some(lease)) = (slot, &state) {
                 watches.watch_up_to(edit::permits(lease));
             }
+            let first = *first_seen
+                .entry(slot)
+                .or_insert_with(|| state.as_ref().and_then(crate::lease::token::of_lease).unwrap_or(0));
+            let claim = self.claims.claim(lock);
             let ours = Ours::Waiting(react::Waiting {
                 identity: &self.identity,
                 floor,
                 unconfirmed,
                 unanswered: &unanswered,
                 missed_grant,
+                claim: claim.as_ref().map(|(uid, _)| uid.as_str()),
+                claim_sent: claim.as_ref().map(|(_, sent)| *sent),
+                first_seen: first,
                 born: self.born,
                 terms: &terms,
                 now: Instant::now(),
@@ -324,15 +333,12 @@ impl Claimant {
                 // A confirmation that got no answer landed, its hold still valid.
                 Reaction::Adopt { token, sent } => {
                     info!(lock, token, "a confirmation that got no answer had landed: the hold is ours");
-                    return Ok(self.held(
-                        lock,
-                        ticket,
-                        &mut guard,
-                        started,
-                        (slot, token, lease, sent),
-                        terms,
-                        (polls, watches),
-                    ));
+                    let granted = hold::Granted { slot, token, lease, sent };
+                    return Ok(self.held(lock, ticket, &mut guard, started, granted, terms, (polls, watches)));
+                }
+                Reaction::Answer { token, sent } => {
+                    let granted = hold::Granted { slot, token, lease, sent };
+                    return Ok(self.held(lock, ticket, &mut guard, started, granted, terms, (polls, watches)));
                 }
                 Reaction::NotGranted { acknowledge, claim_again } => {
                     // A grant whose confirmation was refused (its Lease was replaced or
@@ -382,15 +388,8 @@ impl Claimant {
             let confirmation = edit::renewed(&lease, Timestamp::now());
             match self.store.replace(&confirmation).await {
                 Ok(confirmed) => {
-                    return Ok(self.held(
-                        lock,
-                        ticket,
-                        &mut guard,
-                        started,
-                        (slot, token, confirmed, sent),
-                        terms,
-                        (polls, watches),
-                    ));
+                    let granted = hold::Granted { slot, token, lease: confirmed, sent };
+                    return Ok(self.held(lock, ticket, &mut guard, started, granted, terms, (polls, watches)));
                 }
                 // The grant moved on before we confirmed it (or the Lease is being
                 // re-created): that grant is not ours; keep waiting.
@@ -415,27 +414,26 @@ impl Claimant {
         }
     }
 
-    /// The hold an acquisition ends with: a grant of `slot` with `token`, confirmed by a
-    /// write sent at `sent` whose result is `lease`.
+    /// The hold an acquisition ends with: `granted`, renewed from here on, fed the rest of
+    /// its slot's states (later ones, and those the refresh read).
     #[allow(clippy::too_many_arguments)]
     fn held(
         &self,
         lock: &str,
-        ticket: u64,
+        ticket: book::Ticket,
         guard: &mut Withdraw,
         started: Instant,
-        (slot, token, lease, sent): (u32, i64, Lease, Instant),
+        granted: hold::Granted,
         terms: GrantedTiming,
         (polls, watches): (futures::channel::mpsc::UnboundedReceiver<(u32, Option<Lease>)>, SlotWatches),
     ) -> Hold {
         guard.armed = false;
         self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
+        let (slot, token) = (granted.slot, granted.token);
         info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
-        // The rest of the grant's slot's states (later ones included, those the refresh
-        // read), for the renewal task.
         let later = polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
         let states = futures::stream::select(later, watches.into_slot(slot)).boxed();
-        Hold::start(self.clone(), lock, ticket, terms, hold::Confirmed { slot, token, lease, sent }, states)
+        Hold::start(self.clone(), lock, ticket, terms, granted, states)
     }
 
     /// Refreshes (or re-creates) our claim on `lock`; returns when to do so next. A busy or
@@ -491,10 +489,11 @@ impl Claimant {
         let _writing = self.claims.write(lock).await;
         for _ in 0..3 {
             let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+            let sent = Instant::now();
             match self.claim_store.create(&claim).await {
                 Ok(created) => {
                     debug!(lock, claim = %name, "claimed");
-                    self.claims.set_uid(lock, created.metadata.uid);
+                    self.claims.created(lock, created.metadata.uid, sent);
                     return Ok(());
                 }
                 Err(CasError::AlreadyExists { .. }) => {
@@ -519,9 +518,11 @@ impl Claimant {
         // as stale) is created again: a claimant that believes it waits must have a claim.
         for _ in 0..3 {
             let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
+            let mut created = None;
             let written = match existing {
                 None => {
                     let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+                    created = Some(Instant::now());
                     self.claim_store.create(&claim).await
                 }
                 Some(claim) if !edit::is_our_claim(&claim, lock, &self.identity) => {
@@ -537,7 +538,10 @@ impl Claimant {
             };
             match written {
                 Ok(claim) => {
-                    self.claims.set_uid(lock, claim.metadata.uid);
+                    match created {
+                        Some(sent) => self.claims.created(lock, claim.metadata.uid, sent),
+                        None => self.claims.set_uid(lock, claim.metadata.uid),
+                    }
                     return Ok(());
                 }
                 Err(CasError::AlreadyExists { .. } | CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,

@@ -3,8 +3,13 @@
 //! what it says; the writes, the timers and the logging stay with them.
 //!
 //! While waiting, only a fresh grant naming us — above every token we were ever handed,
-//! and not yet confirmed by anyone — is confirmed. A grant naming us that is older, or
-//! already confirmed, is a leftover (of a hold we lost, or of an earlier process with our
+//! and not yet confirmed by anyone — is taken. One granted on the claim we made within a
+//! retry period is answered at once: the send of that claim counts as the hold's first
+//! renewal (the controller saw the claim after it was sent, granted after it saw it, and
+//! judges a grant to a claim it saw less than a lease duration ago like a hold renewed when
+//! it saw it). Any other fresh grant is confirmed by compare-and-swap before it is
+//! answered. A grant naming us that is older, already confirmed, or granted on a claim that
+//! is not the one we hold now, is a leftover (of a hold we lost, or of an earlier process with our
 //! identity): it is never reported held, but given back, and only once the earlier process
 //! can no longer believe it holds. The one exception is a confirmation of our own whose
 //! answer never came (the request timed out or its connection broke) and which landed
@@ -47,6 +52,13 @@ pub struct Waiting<'a> {
     pub unconfirmed: Option<i64>,
     /// Our confirmations that got no answer: each may have landed, or may yet.
     pub unanswered: &'a [Unanswered],
+    /// The UID of the claim we hold now, if known.
+    pub claim: Option<&'a str>,
+    /// When the create of that claim was sent, if we made it.
+    pub claim_sent: Option<Instant>,
+    /// The token this slot's Lease carried when we first saw it in this acquisition (0: it
+    /// had none, or did not exist): a grant above it was made while we watched.
+    pub first_seen: i64,
     /// A grant slipped by before we could confirm it, and took our claim with it.
     pub missed_grant: bool,
     /// When this claimant was made: an earlier process with our identity renewed its hold
@@ -99,6 +111,15 @@ pub enum Reaction {
         /// When the confirmation that landed was sent.
         sent: Instant,
     },
+    /// Waiting, and granted a fresh hold with `token` on the claim we sent at `sent`,
+    /// within a retry period of it: hold at once, as if renewed at `sent` (the renew
+    /// deadline and the max hold count from there); the first renewal confirms it.
+    Answer {
+        /// The grant's token.
+        token: i64,
+        /// When our claim was sent.
+        sent: Instant,
+    },
     /// Waiting, and the Lease names a leftover hold with `token` that an earlier process
     /// may have told its app it holds until `at`: look at the Lease again then.
     GiveBackAt {
@@ -140,7 +161,25 @@ fn while_waiting(lease: &Lease, w: &Waiting<'_>) -> Reaction {
         return Reaction::NotGranted { acknowledge, claim_again: w.missed_grant };
     };
     if token > w.floor && !edit::is_confirmed(lease) {
-        return Reaction::Confirm { token };
+        match edit::claim_uid(lease) {
+            // A grant that does not say which claim it serves: confirm before answering.
+            None => return Reaction::Confirm { token },
+            Some(uid) if Some(uid) == w.claim => {
+                let retry = granted::of_lease(lease, w.terms).timing.retry_period;
+                return match w.claim_sent {
+                    Some(sent) if w.now < sent + retry => Reaction::Answer { token, sent },
+                    _ => Reaction::Confirm { token },
+                };
+            }
+            // Granted on another claim in our name (one the controller's cache still
+            // showed, of an earlier acquisition or an earlier process). Made while we
+            // watched, it cannot have been answered by an earlier process, gone before we
+            // were made, nor by an earlier acquisition, which withdrew unanswered: confirm
+            // it before answering. Found already made, an earlier process may have
+            // answered it before confirming: a leftover, like a confirmed one.
+            Some(_) if token > w.first_seen => return Reaction::Confirm { token },
+            Some(_) => {}
+        }
     }
     let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0.as_microsecond());
     if let Some(ours) = w.unanswered.iter().find(|u| u.token == token && Some(u.renew_micros) == renewed) {
@@ -152,9 +191,10 @@ fn while_waiting(lease: &Lease, w: &Waiting<'_>) -> Reaction {
         };
     }
     // A hold of our own was handed to us and ended before we queued (at or below the
-    // floor). Above it, the hold is an earlier process's: it may have told its app that it
-    // holds until its renew deadline, which runs out at the latest one renew deadline
-    // after we were made.
+    // floor). Above it, the hold is an earlier process's (confirmed, or granted on a claim
+    // of its own that it may have answered): it may have told its app that it holds until
+    // its renew deadline, which runs out at the latest one renew deadline after we were
+    // made.
     if token > w.floor {
         let told_until = w.born + granted::of_lease(lease, w.terms).timing.renew_deadline;
         if told_until > w.now {
@@ -174,8 +214,8 @@ mod tests {
 
     use super::*;
     use crate::crd::{
-        ANNOTATION_DRAINING, ANNOTATION_RENEW_DEADLINE, ANNOTATION_REVOKED, ANNOTATION_TOKEN, LABEL_LOCK, LABEL_ROLE,
-        ROLE_LOCK,
+        ANNOTATION_CLAIM_UID, ANNOTATION_DRAINING, ANNOTATION_RENEW_DEADLINE, ANNOTATION_REVOKED, ANNOTATION_TOKEN,
+        LABEL_LOCK, LABEL_ROLE, ROLE_LOCK,
     };
     use crate::lease::Timing;
 
@@ -194,6 +234,8 @@ mod tests {
         renew_deadline: Option<u64>,
         /// Labelled as the lock Lease (a squatter is not).
         unlabelled: bool,
+        /// The UID of the claim the grant was made on.
+        claim_uid: Option<&'a str>,
     }
 
     fn lease(s: Shape<'_>) -> Lease {
@@ -207,6 +249,7 @@ mod tests {
         put(ANNOTATION_REVOKED, s.revoked.map(str::to_owned));
         put(ANNOTATION_DRAINING, s.draining.map(|t| t.to_string()));
         put(ANNOTATION_RENEW_DEADLINE, s.renew_deadline.map(|d| d.to_string()));
+        put(ANNOTATION_CLAIM_UID, s.claim_uid.map(str::to_owned));
         let acquired = jiff::Timestamp::from_second(1_700_000_000).expect("valid");
         let renewed = if s.confirmed {
             acquired.checked_add(jiff::SignedDuration::from_secs(1)).expect("valid")
@@ -249,15 +292,27 @@ mod tests {
         // Ten seconds after we were made: an earlier process's hold granted with a 10 s
         // renew deadline is past it, one granted with 20 s is not.
         let now = born + Duration::from_secs(10);
+        // Our claim "c1", sent a second ago (within the 2 s retry period).
+        let sent = now - Duration::from_secs(1);
         let waiting = |floor, unconfirmed, missed_grant| Waiting {
             identity: &me,
             floor,
             unconfirmed,
             unanswered: &[],
             missed_grant,
+            claim: Some("c1"),
+            claim_sent: Some(sent),
+            // The grants below were there when we first looked.
+            first_seen: 100,
             born,
             terms: &terms,
             now,
+        };
+        let on = |claim_uid, token| Shape {
+            claim_uid: Some(claim_uid),
+            holder: mine,
+            token: Some(token),
+            ..Shape::default()
         };
         let granted = |token| Shape { holder: mine, token: Some(token), ..Shape::default() };
         let not_granted = |acknowledge, claim_again| Reaction::NotGranted { acknowledge, claim_again };
@@ -319,6 +374,60 @@ mod tests {
                 Some(granted(6)),
                 waiting(0, Some(5), true),
                 Reaction::Confirm { token: 6 },
+            ),
+            (
+                "granted on our claim within a retry period of sending it: hold at once",
+                Some(on("c1", 5)),
+                waiting(0, None, false),
+                Reaction::Answer { token: 5, sent },
+            ),
+            (
+                "granted on our claim sent longer ago than a retry period: confirm",
+                Some(on("c1", 5)),
+                Waiting { claim_sent: Some(now - Duration::from_secs(3)), ..waiting(0, None, false) },
+                Reaction::Confirm { token: 5 },
+            ),
+            (
+                "granted on our claim, its sending unknown: confirm",
+                Some(on("c1", 5)),
+                Waiting { claim_sent: None, ..waiting(0, None, false) },
+                Reaction::Confirm { token: 5 },
+            ),
+            (
+                "granted on our claim at the floor (a hold we lost): give back",
+                Some(on("c1", 4)),
+                waiting(4, None, false),
+                Reaction::GiveBack { token: 4 },
+            ),
+            (
+                "granted on another claim in our name, past an earlier process's renew deadline: give back",
+                Some(on("c0", 5)),
+                waiting(0, None, false),
+                Reaction::GiveBack { token: 5 },
+            ),
+            (
+                "granted on another claim in our name that an earlier process may have answered: give back at its deadline",
+                Some(Shape { renew_deadline: Some(20), ..on("c0", 5) }),
+                waiting(0, None, false),
+                Reaction::GiveBackAt { token: 5, at: born + Duration::from_secs(20) },
+            ),
+            (
+                "granted on another claim in our name while we watched: confirm",
+                Some(on("c0", 5)),
+                Waiting { first_seen: 4, ..waiting(0, None, false) },
+                Reaction::Confirm { token: 5 },
+            ),
+            (
+                "granted on another claim in our name, the Lease first seen without a token: confirm",
+                Some(on("c0", 5)),
+                Waiting { first_seen: 0, ..waiting(0, None, false) },
+                Reaction::Confirm { token: 5 },
+            ),
+            (
+                "granted on a claim while ours is unknown: a leftover",
+                Some(on("c1", 5)),
+                Waiting { claim: None, ..waiting(0, None, false) },
+                Reaction::GiveBack { token: 5 },
             ),
             (
                 "a token at the floor (a hold we lost): give back",
@@ -433,6 +542,9 @@ mod tests {
                 unconfirmed: None,
                 unanswered: &unanswered,
                 missed_grant: false,
+                claim: None,
+                claim_sent: None,
+                first_seen: 0,
                 born,
                 terms: &terms,
                 now,

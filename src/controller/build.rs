@@ -7,8 +7,9 @@ use kube::{Resource, ResourceExt};
 
 use super::view::Claim;
 use crate::crd::{
-    ANNOTATION_CLAIM, ANNOTATION_DRAINING, ANNOTATION_MODE, ANNOTATION_PERMITS, ANNOTATION_REVOKED, ANNOTATION_TOKEN,
-    ClaimMode, DistributedLock, LABEL_LOCK, LABEL_ROLE, MANAGED_LABELS, ROLE_LOCK,
+    ANNOTATION_CLAIM, ANNOTATION_CLAIM_UID, ANNOTATION_DRAINING, ANNOTATION_MODE, ANNOTATION_PERMITS,
+    ANNOTATION_REVOKED, ANNOTATION_TOKEN, ClaimMode, DistributedLock, LABEL_LOCK, LABEL_ROLE, MANAGED_LABELS,
+    ROLE_LOCK,
 };
 use crate::lease::{GrantedTiming, granted};
 
@@ -99,6 +100,7 @@ pub fn granted(
     set_token(&mut lease, token);
     let annotations = lease.annotations_mut();
     annotations.insert(ANNOTATION_CLAIM.into(), claim.name.clone());
+    annotations.insert(ANNOTATION_CLAIM_UID.into(), claim.uid.clone());
     annotations.remove(ANNOTATION_DRAINING);
     match claim.mode {
         ClaimMode::Write => annotations.insert(ANNOTATION_MODE.into(), ClaimMode::Write.as_str().into()),
@@ -122,6 +124,7 @@ pub fn revoked(lease: &Lease, raise_to: i64, reason: &str) -> Lease {
     set_token(&mut lease, raise_to);
     let annotations = lease.annotations_mut();
     annotations.remove(ANNOTATION_CLAIM);
+    annotations.remove(ANNOTATION_CLAIM_UID);
     annotations.remove(ANNOTATION_DRAINING);
     annotations.insert(ANNOTATION_REVOKED.into(), reason.into());
     lease
@@ -150,6 +153,7 @@ pub fn freed(lease: &Lease) -> Lease {
     }
     let annotations = lease.annotations_mut();
     annotations.remove(ANNOTATION_CLAIM);
+    annotations.remove(ANNOTATION_CLAIM_UID);
     annotations.remove(ANNOTATION_DRAINING);
     annotations.remove(ANNOTATION_MODE);
     lease

@@ -119,6 +119,14 @@ impl AppliedStatus {
     }
 }
 
+/// What we saw of one claim, on our clock.
+pub struct ClaimSeen {
+    /// When we first saw it: its claimant sent it before then.
+    pub first: std::time::Instant,
+    /// Since when its refresh has been unchanged.
+    pub refresh: Option<Sighting<Option<MicroTime>>>,
+}
+
 /// The controller's memory of one lock, valid for one leadership term.
 #[derive(Default)]
 pub struct LockMemory {
@@ -127,8 +135,8 @@ pub struct LockMemory {
     /// What a reconcile did that status does not show yet (its status write failed):
     /// applied with the next status write, so nothing is lost or counted twice.
     pub pending: Option<super::status::Outcome>,
-    /// Per claim UID, since when its refresh has been unchanged.
-    pub claims: HashMap<String, Sighting<Option<MicroTime>>>,
+    /// Per claim UID, when we first saw it and since when its refresh has been unchanged.
+    pub claims: HashMap<String, ClaimSeen>,
     /// The status last applied (the cache may not show it yet).
     pub status: Option<AppliedStatus>,
     /// Per slot. Boxed: a map node has room for several entries, and a slot's memory

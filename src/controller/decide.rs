@@ -4,6 +4,11 @@
 //! - A holder that stopped renewing (expired: no renewal seen for its lease duration) or
 //!   never confirmed its grant cannot believe it holds: its revocation and the next grant
 //!   are one write, the new, higher token making the old one stale at once.
+//! - A claimant answers a grant on the claim it sent less than a retry period before at
+//!   once, before confirming it, and counts its renew deadline from sending that claim. So
+//!   until a lease duration has passed since we first saw the holder's claim, an
+//!   unconfirmed grant is judged as a hold renewed then: never revoked for being
+//!   unconfirmed, drained where a confirmed hold would be.
 //! - A holder that may be alive and believing — revoked by an operator, for its maximum
 //!   age, because its Pod is gone, or because the lock is deleted — is *drained*: one write
 //!   raises the token (fenced resources refuse the old one at once) and marks the Lease
@@ -24,6 +29,11 @@ use crate::lease::{GrantedTiming, token};
 /// never draining, to show that the fault suite catches a controller that does.
 const REGRANT_AT_ONCE: bool = cfg!(feature = "broken-regrant-at-once");
 
+/// Test only (`broken-unconfirmed-at-once`): revoke a grant not confirmed within the
+/// confirm timeout whatever the age of its claim, as if no claimant answered before
+/// confirming, to show that the fault suite catches a controller that does.
+const UNCONFIRMED_AT_ONCE: bool = cfg!(feature = "broken-unconfirmed-at-once");
+
 /// What the controller knows about a hold that is granted (not draining).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HolderState {
@@ -41,6 +51,9 @@ pub struct HolderState {
     /// The holder's claim still exists (an unconfirmed grant whose claim is gone was
     /// withdrawn).
     pub claim_present: bool,
+    /// How long since we first saw the holder's claim (or, with none left, its grant) on
+    /// our clock: it was sent before then.
+    pub claim_seen_for: Duration,
     /// A force release targets this hold.
     pub forced: bool,
 }
@@ -179,10 +192,14 @@ fn judge(h: &HolderState, i: &Inputs) -> Result<Option<Duration>, RevokeReason> 
     }
     let mut recheck = Vec::new();
     if !h.confirmed {
-        if !h.claim_present || h.unchanged_for >= i.confirm_timeout {
+        let answerable = answerable_for(h, i);
+        if !answerable.is_zero() {
+            recheck.push(answerable);
+        } else if !h.claim_present || h.unchanged_for >= i.confirm_timeout {
             return Err(RevokeReason::Unconfirmed);
+        } else {
+            recheck.push(i.confirm_timeout - h.unchanged_for);
         }
-        recheck.push(i.confirm_timeout - h.unchanged_for);
     }
     if h.pod_gone {
         return Err(RevokeReason::PodGone);
@@ -201,10 +218,23 @@ fn judge(h: &HolderState, i: &Inputs) -> Result<Option<Duration>, RevokeReason> 
     Ok(recheck.into_iter().min())
 }
 
+/// How much longer the holder of the unconfirmed grant `h` may have answered it before
+/// confirming: until a lease duration after we first saw its claim (its renew deadline
+/// counts from sending the claim, before that; the margin is the one expiry allows a
+/// holder's clock). Zero once it cannot have.
+fn answerable_for(h: &HolderState, i: &Inputs) -> Duration {
+    if UNCONFIRMED_AT_ONCE {
+        return Duration::ZERO;
+    }
+    i.terms.timing.lease_duration.saturating_sub(h.claim_seen_for)
+}
+
 /// Whether revoking `h` for `reason` must drain: the holder may be alive and believing
-/// (it confirmed, and renewed within its lease duration).
+/// (it confirmed, or may have answered its grant before confirming, and renewed within its
+/// lease duration).
 fn must_drain(reason: &RevokeReason, h: &HolderState, i: &Inputs) -> bool {
-    let believing = h.confirmed && h.unchanged_for < i.terms.timing.lease_duration;
+    let told = h.confirmed || !answerable_for(h, i).is_zero();
+    let believing = told && h.unchanged_for < i.terms.timing.lease_duration;
     let drains = matches!(
         reason,
         RevokeReason::Forced | RevokeReason::MaxHold | RevokeReason::PodGone | RevokeReason::LockDeleted

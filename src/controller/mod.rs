@@ -93,7 +93,8 @@ pub struct Config {
     /// Election retry period.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub election_retry_period: Duration,
-    /// Revoke a grant its claimant has not confirmed within this.
+    /// Revoke a grant its claimant has not confirmed within this, once its claim was first
+    /// seen a lease duration ago (a grant on a younger claim may have been answered already).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub confirm_timeout: Duration,
     /// Prepare claimant RBAC (Role and RoleBinding `leasehold-client`) in namespaces with locks.

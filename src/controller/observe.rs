@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::context::{Context, LockKey};
+use super::context::{ClaimSeen, Context, LockKey};
 use super::decide::Tokens;
 use super::error::Error;
 use super::plan::{self, HoldClock, Observation, SlotView, Waiting};
@@ -78,9 +78,12 @@ pub async fn observe<'a>(
 
     let (ages, clocks, spent) = ctx.with_memory(key, &uid, |m| {
         m.claims.retain(|uid, _| found.iter().any(|c| &c.uid == uid));
-        let ages: Vec<Duration> = found
+        let ages: Vec<(Duration, Duration)> = found
             .iter()
-            .map(|c| now - Sighting::observe_in(&mut m.claims, &c.uid, c.renew_time.clone(), now))
+            .map(|c| {
+                let seen = m.claims.entry(c.uid.clone()).or_insert_with(|| ClaimSeen { first: now, refresh: None });
+                (now - Sighting::observe(&mut seen.refresh, c.renew_time.clone(), now), now - seen.first)
+            })
             .collect();
         // Memory of slots that are gone goes with them.
         m.slots.retain(|slot, _| leases.iter().any(|(s, _)| s == slot));
@@ -132,7 +135,7 @@ pub async fn observe<'a>(
     let permits = plan::permits(lock) as usize;
     let mut claims = Vec::with_capacity(found.len());
     let mut serveable = 0;
-    for (claim, unchanged_for) in found.into_iter().zip(ages) {
+    for (claim, (unchanged_for, seen_for)) in found.into_iter().zip(ages) {
         let candidate = !deleting
             && serveable < permits
             && !holders.contains(&&claim.identity)
@@ -149,7 +152,7 @@ pub async fn observe<'a>(
         } else {
             None
         };
-        claims.push(Waiting { claim, unchanged_for, serveable: verdict });
+        claims.push(Waiting { claim, unchanged_for, seen_for, serveable: verdict });
     }
 
     let known = known_token(ctx, key, lock);

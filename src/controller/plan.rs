@@ -50,6 +50,8 @@ pub struct Waiting {
     pub claim: Claim,
     /// How long its refresh has been unchanged on our clock.
     pub unchanged_for: Duration,
+    /// How long since we first saw it, on our clock: its claimant sent it before then.
+    pub seen_for: Duration,
     /// `Some(false)`: its Pod is gone or it is not among the lock's clients;
     /// `Some(true)`: it may be served; `None`: not looked at (behind the ones to serve).
     pub serveable: Option<bool>,
@@ -370,6 +372,15 @@ fn current(o: &Observation, slot: &SlotView, state: &LeaseState, force: Option<&
             held_for: clock.held_for,
             pod_gone: clock.pod_gone,
             claim_present: o.claims.iter().any(|w| w.claim.identity == h.identity),
+            // Its claim (or a later one in its name) was sent before we first saw it; with
+            // none left, before the grant was.
+            claim_seen_for: o
+                .claims
+                .iter()
+                .filter(|w| w.claim.identity == h.identity)
+                .map(|w| w.seen_for)
+                .min()
+                .unwrap_or(clock.unchanged_for),
             forced: force.is_some_and(|r| force::targets(r, h.token)),
         }),
         (LeaseState::Draining(d), _, Some(since_renewal)) => {

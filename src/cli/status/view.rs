@@ -80,7 +80,8 @@ pub struct HolderView {
 pub struct SlotHolderView {
     /// The slot: its Lease is `<lock>` for 0, `<lock>.<slot>` for the others.
     pub slot: u32,
-    /// `Held`, `Granted` (not confirmed yet) or `Draining`.
+    /// `Held`, `Granted` (not renewed by its holder yet; a grant on a fresh claim is held
+    /// by its app already, until the first renewal a retry period later) or `Draining`.
     pub state: String,
     /// `Read` (one permit) or `Write` (every permit).
     pub mode: String,
@@ -170,7 +171,8 @@ pub struct LockView {
     pub namespace: String,
     /// Lock name.
     pub lock: String,
-    /// `Free`, `Held` (confirmed), `Granted` (not confirmed yet), `Draining` (a revoked
+    /// `Free`, `Held` (renewed by its holder), `Granted` (not renewed yet: held by its app
+    /// already when granted on a fresh claim), `Draining` (a revoked
     /// holder may still believe it holds), or `NoLease` (the controller has not made it).
     pub state: String,
     /// The holder; while draining, the revoked holder. For a lock with several permits,
@@ -425,7 +427,7 @@ fn holder_text(out: &mut String, v: &LockView) {
             let token = h.token.map_or_else(|| "unreadable".to_owned(), |t| t.to_string());
             out.push_str(&format!("Token:     {token}\n"));
             let held = h.held_seconds.map_or_else(|| "-".to_owned(), age);
-            let note = if h.confirmed { "" } else { " (granted, not confirmed yet)" };
+            let note = if h.confirmed { "" } else { " (granted, not renewed yet)" };
             out.push_str(&format!("Held for:  {held}{note}\n"));
         }
         None => out.push_str("Holder:    -\n"),

@@ -28,8 +28,16 @@ fn held(unchanged_s: u32) -> HolderState {
         held_for: 30 * S,
         pod_gone: false,
         claim_present: true,
+        // A claim that waited longer than a lease duration: its grant was confirmed before
+        // it was answered.
+        claim_seen_for: 60 * S,
         forced: false,
     }
+}
+
+/// An unconfirmed grant whose claim we first saw `claim_s` ago, granted `unchanged_s` ago.
+fn fresh(claim_s: u32, unchanged_s: u32) -> HolderState {
+    HolderState { confirmed: false, claim_seen_for: claim_s * S, ..held(unchanged_s) }
 }
 
 fn holding(h: HolderState, waiting: usize) -> Inputs {
@@ -71,6 +79,38 @@ fn decision_table() {
         // One write: the holder cannot believe it holds.
         ("expired, waiter", holding(held(15), 1), grant_next(RevokeReason::Expired)),
         ("expired, no waiter", holding(held(15), 0), revoke(RevokeReason::Expired)),
+        // A grant on a claim sent less than a lease duration ago may have been answered
+        // before it was confirmed: a hold renewed when we first saw the claim.
+        (
+            "unconfirmed past the confirm timeout, its claim seen 5 s ago: kept until a lease duration after it",
+            holding(fresh(5, 2), 1),
+            Decision::Keep { recheck: Some(10 * S) },
+        ),
+        (
+            "unconfirmed, its claim withdrawn, seen 5 s ago: kept (its claimant clears the grant itself)",
+            holding(HolderState { claim_present: false, ..fresh(5, 2) }, 1),
+            Decision::Keep { recheck: Some(10 * S) },
+        ),
+        (
+            "unconfirmed, its claim seen a lease duration ago: cannot have been answered, one write",
+            holding(fresh(15, 2), 1),
+            grant_next(RevokeReason::Unconfirmed),
+        ),
+        (
+            "unconfirmed, young claim, forced: drained like a confirmed hold",
+            holding(HolderState { forced: true, ..fresh(5, 2) }, 1),
+            drain(RevokeReason::Forced, 13),
+        ),
+        (
+            "unconfirmed, young claim, Pod gone: drained",
+            holding(HolderState { pod_gone: true, ..fresh(5, 2) }, 1),
+            drain(RevokeReason::PodGone, 13),
+        ),
+        (
+            "unconfirmed, a later claim in its name seen 5 s ago, nothing seen for a lease duration: expired, one write",
+            holding(fresh(5, 15), 1),
+            grant_next(RevokeReason::Expired),
+        ),
         (
             "unconfirmed in time",
             holding(HolderState { confirmed: false, unchanged_for: S / 4, ..held(0) }, 0),

@@ -50,7 +50,7 @@ fn claim(who: &str, created_s: i64) -> Claim {
 }
 
 fn waiting(who: &str, created_s: i64, serveable: Option<bool>) -> Waiting {
-    Waiting { claim: claim(who, created_s), unchanged_for: S, serveable }
+    Waiting { claim: claim(who, created_s), unchanged_for: S, seen_for: 60 * S, serveable }
 }
 
 fn free() -> Lease {
@@ -334,11 +334,46 @@ fn a_force_release_annotation_is_stamped_refused_or_carried_out() {
 }
 
 #[test]
-fn an_unconfirmed_grant_whose_claim_is_withdrawn_is_revoked_at_once() {
+fn an_unconfirmed_grant_whose_claim_is_withdrawn_is_revoked_once_it_cannot_have_been_answered() {
     let lock = lock();
     let terms = GrantedTiming::of_spec(&lock.spec);
     let lease = build::granted(&free(), &claim("h", 1), TOKEN, &terms, now(), None);
+    // Granted a second ago: its claimant may have answered it before confirming (and
+    // clears it itself when it withdraws).
     let o = observation(&lock, &lease, vec![waiting("b", 2, Some(true))]);
+    let plan = super::plan(&o);
+    assert!(plan.revocations.is_empty(), "{:?}", plan.revocations);
+    assert_eq!(write_of(&plan), LeaseWrite::Keep);
+    assert_eq!(plan.recheck, Some(14 * S), "looked at again once it cannot have been answered");
+    // A lease duration after the grant: one write, to the next.
+    let mut o = observation(&lock, &lease, vec![waiting("b", 2, Some(true))]);
+    o.slots[0].hold = Some(clock(15));
+    let plan = super::plan(&o);
+    let [revoked] = plan.revocations.as_slice() else { panic!("one revocation") };
+    assert_eq!((revoked.reason, revoked.drain_from), (RevokeReason::Unconfirmed, None));
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
+}
+
+#[test]
+fn a_grant_on_a_fresh_claim_is_kept_unconfirmed_until_a_lease_duration_after_the_claim() {
+    let lock = lock();
+    let terms = GrantedTiming::of_spec(&lock.spec);
+    let lease = build::granted(&free(), &claim("h", 1), TOKEN, &terms, now(), None);
+    assert_eq!(
+        lease.annotations().get(crate::crd::ANNOTATION_CLAIM_UID).map(String::as_str),
+        Some("uid-h"),
+        "the grant names the claim it serves"
+    );
+    let holder = |seen_s: u64| Waiting { seen_for: Duration::from_secs(seen_s), ..waiting("h", 1, None) };
+    // Unconfirmed past the confirm timeout (2 s), its claim seen 5 s ago: kept.
+    let mut o = observation(&lock, &lease, vec![holder(5), waiting("b", 2, Some(true))]);
+    o.slots[0].hold = Some(clock(3));
+    let plan = super::plan(&o);
+    assert!(plan.revocations.is_empty(), "{:?}", plan.revocations);
+    assert_eq!(plan.recheck, Some(10 * S));
+    // Its claim seen a lease duration ago: it confirms before answering, so one write.
+    let mut o = observation(&lock, &lease, vec![holder(15), waiting("b", 2, Some(true))]);
+    o.slots[0].hold = Some(clock(3));
     let plan = super::plan(&o);
     let [revoked] = plan.revocations.as_slice() else { panic!("one revocation") };
     assert_eq!((revoked.reason, revoked.drain_from), (RevokeReason::Unconfirmed, None));
