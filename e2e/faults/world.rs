@@ -588,8 +588,8 @@ impl World {
         // queues again soon after it lets go, so under a fair queue they settle into a
         // rotation: with two writers it can alternate reader, writer, reader, writer and
         // never let two readers share, while with one writer two readers always queue
-        // side by side somewhere in it. A replacement takes the role of the one it
-        // replaces (the writer goes only when retired).
+        // side by side somewhere in it. When the writer is retired, the next worker added
+        // writes in its place.
         let writer =
             lock == RW_LOCK && !self.workers.lock().expect("lock").values().any(|w| w.lock == RW_LOCK && w.writer);
         if writer {
