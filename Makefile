@@ -145,7 +145,7 @@ e2e-oldest: packages controlplane-oldest ## The controller, sidecar, admission a
 test: fmt-check clippy verify lint unit e2e e2e-oldest ## Everything CI runs: format, lints, generated files, chart lint, unit and e2e tests (e2e also on the oldest supported release).
 
 .PHONY: bench
-bench: controlplane node image ## Benchmarks vs. the floors and peer libraries, one run (~20 min warm, builds first if cold); report in target/bench/.
+bench: controlplane node image ## Benchmarks vs. the floors and peer libraries, one run (~30 min warm, builds first if cold); report in target/bench/.
 	bench/prepare.sh >/dev/null
 	$(CARGO) bench --bench leasehold
 
