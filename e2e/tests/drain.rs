@@ -65,7 +65,7 @@ async fn a_forced_release_raises_the_token_at_once_and_grants_the_next_only_afte
     env.lock(LOCK, DistributedLockSpec::default()).await;
     let (a, b) = (env.pod("a").await, env.pod("b").await);
     env.wait_claim_rbac(&a).await;
-    let grants = GrantLog::start(env.leases(), LOCK);
+    let mut grants = GrantLog::start(env.leases(), LOCK);
     let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
 
     let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
@@ -95,13 +95,15 @@ async fn a_forced_release_raises_the_token_at_once_and_grants_the_next_only_afte
     assert!(!waiting_b.is_finished(), "b was granted during the drain");
 
     // The app lets go: the sidecar (here the claimant API) acknowledges; b is granted.
-    let let_go = Instant::now();
+    let (let_go, let_go_at) = (Instant::now(), Timestamp::now());
     assert!(!hold_a.release().await.was_held, "a revoked hold was not held when let go");
     let hold_b = waiting_b.await.expect("join").expect("b is granted after a's acknowledgement");
-    let seen = grants.grants();
+    // b's claimant may see its grant before this test's own watch of the Lease does.
+    let seen = grants.wait_for(2, WAIT).await;
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[1].holder, b.identity().id);
     assert!(seen[1].seen >= let_go, "b was granted before a let go");
+    assert!(seen[1].acquire_time >= let_go_at, "b's grant is stamped before a let go: {seen:?}");
     assert!(hold_b.token() > token::of_lease(&drained).expect("a token"), "b's token is above the reserved one");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.ns.client.clone(), env.name());
     let drained_event = leasehold_harness::eventually("a Drained event", WAIT, || async {
