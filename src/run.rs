@@ -36,7 +36,8 @@ use crate::boottime::{self, BootTimer};
 use crate::claim::{AcquireError, Claimant, Hold, HoldStatus};
 use crate::crd::{ClaimMode, MANAGER_CLI};
 use crate::duration::parse_duration;
-use crate::lease::Identity;
+use crate::lease::cas::REQUEST_TIMEOUT;
+use crate::lease::{Identity, retry};
 use channel::Message;
 
 /// Exit status when Leasehold itself failed (the API server unreachable, an unexpected
@@ -250,23 +251,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 /// Who we are, as the apiserver sees it. A busy, failing or unreachable apiserver is asked
 /// again until `deadline` (the wait for the lock): it costs time, not the run.
 async fn discover(client: &kube::Client, deadline: tokio::time::Instant) -> anyhow::Result<Identity> {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let error = match tokio::time::timeout(crate::lease::cas::REQUEST_TIMEOUT, Identity::discover(client)).await {
-            Ok(Ok(identity)) => return Ok(identity),
-            Ok(Err(e)) if crate::lease::cas::status_code(&e).is_some_and(|c| c != 429 && c < 500) => {
-                return Err(e.into());
-            }
-            Ok(Err(e)) => anyhow::Error::from(e),
-            Err(_) => anyhow::anyhow!("no answer within {:?}", crate::lease::cas::REQUEST_TIMEOUT),
-        };
-        if tokio::time::Instant::now() + pause >= deadline {
-            return Err(error);
+    let attempt = || async {
+        match tokio::time::timeout(REQUEST_TIMEOUT, Identity::discover(client)).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(anyhow::anyhow!("no answer within {REQUEST_TIMEOUT:?}")),
         }
-        warn!(error = %error, ?pause, "failed to learn who we are; trying again");
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
-    }
+    };
+    // What is not an apiserver error got no answer.
+    let transient = |e: &anyhow::Error| e.downcast_ref::<kube::Error>().is_none_or(retry::may_pass);
+    retry::within(deadline, attempt, transient, |e, pause| {
+        warn!(error = %e, ?pause, "failed to learn who we are; trying again");
+    })
+    .await
 }
 
 /// Starts the guard (which starts the command once it has a deadline) in a process group

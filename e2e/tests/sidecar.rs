@@ -243,10 +243,7 @@ async fn an_apiserver_blip_costs_an_acquire_time_not_failure_and_a_release_is_cl
     let (env, _controller) = setup("sc-blip", spec).await;
     let (a, b) = (env.pod("a").await, env.pod("b").await);
     env.wait_claim_rbac(&a).await;
-    let upstream: std::net::SocketAddr =
-        env.cp.server_url().trim_start_matches("https://").parse().expect("the apiserver's address");
-    let proxy = leasehold_harness::FaultProxy::start(upstream).expect("a fault proxy");
-    let server = format!("https://{}", proxy.addr());
+    let (proxy, server) = env.apiserver_proxy();
     let (sa, sb) = (env.sidecar_via(&a, Some(&server), &[]).await, env.sidecar(&b, &[]).await);
 
     // An acquire sent while a's apiserver connection is down is tried again within its
@@ -279,6 +276,38 @@ async fn an_apiserver_blip_costs_an_acquire_time_not_failure_and_a_release_is_cl
     let lease = env.leases().get(LOCK).await.expect("the lock Lease");
     let revoked = lease.metadata.annotations.as_ref().and_then(|a| a.get(leasehold::crd::ANNOTATION_REVOKED));
     assert_eq!(revoked, None, "b was granted after a revocation, not after a's release: {lease:?}");
+    sb.release(LOCK).await;
+}
+
+#[tokio::test]
+async fn a_claim_refresh_while_the_apiserver_is_unreachable_costs_a_retry_not_the_wait() {
+    let (env, _controller) = setup("sc-refresh", DistributedLockSpec::default()).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let (proxy, server) = env.apiserver_proxy();
+    let (sa, sb) = (env.sidecar(&a, &[]).await, env.sidecar_via(&b, Some(&server), &[]).await);
+    let (status, held) = sa.acquire(LOCK, 30.0).await;
+    assert_eq!(status, 200, "{held}");
+    let waiting = acquire_later(&sb, 90.0);
+    wait_local_waiting(&sb).await;
+    until(&env.locks(), LOCK, Duration::from_secs(30), "b's claim queued", |l: &leasehold::crd::DistributedLock| {
+        l.status.as_ref().is_some_and(|s| s.queue_length == 1)
+    })
+    .await;
+
+    // While b waits, its connection to the apiserver goes down; its next claim refresh
+    // (a third of the claim's lifetime after the last) fails.
+    proxy.set(Fault::Drop);
+    let log = sb.process.process.as_ref().expect("b's sidecar runs").log().to_owned();
+    leasehold_harness::logged(&log, "failed to refresh our claim; trying again soon", Duration::from_secs(30)).await;
+
+    assert!(!waiting.is_finished(), "b's acquire ended while its apiserver was unreachable");
+    proxy.set(Fault::Pass);
+    let (status, released) = sa.release(LOCK).await;
+    assert_eq!(status, 200, "{released}");
+    let (status, next) = waiting.await.expect("join");
+    assert_eq!(status, 200, "b still waited, and was granted: {next}");
+    assert!(token_of(&next) > token_of(&held), "{next}");
     sb.release(LOCK).await;
 }
 

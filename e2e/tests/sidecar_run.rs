@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DeleteParams;
 use leasehold::crd::DistributedLockSpec;
-use leasehold_harness::{Supervised, eventually};
+use leasehold_harness::{Fault, Supervised, eventually};
 
 use crate::controller::fast;
 use crate::support::watch::until;
@@ -52,8 +52,17 @@ fn record_overlap(marker: &str, result: &std::path::Path) -> String {
 }
 
 fn run_command(env: &Env, pod: &TestPod, wait: &str, script: &str) -> Command {
+    run_command_via(env, pod, None, wait, script)
+}
+
+/// [`run_command`] reaching the apiserver at `server` (a fault proxy) when given.
+fn run_command_via(env: &Env, pod: &TestPod, server: Option<&str>, wait: &str, script: &str) -> Command {
     let kubeconfig = env.log_dir().join(format!("kubeconfig-run-{}", pod.name));
-    env.ns.kubeconfig_for_token(&pod.token, &kubeconfig).expect("kubeconfig");
+    match server {
+        Some(server) => env.ns.kubeconfig_for_token_via(&pod.token, server, &kubeconfig),
+        None => env.ns.kubeconfig_for_token(&pod.token, &kubeconfig),
+    }
+    .expect("kubeconfig");
     let mut command = Command::new(leasehold_bin());
     command
         .args(["run", "--lock", &format!("{}/{LOCK}", env.name()), "--wait", wait, "--", "sh", "-c", script])
@@ -182,4 +191,29 @@ async fn what_the_command_leaves_running_is_stopped_before_the_release_and_its_s
     assert_eq!(status.code(), Some(4), "{}", run.log_tail(20));
     let lease = env.leases().get(LOCK).await.expect("lease");
     assert_eq!(lease.spec.and_then(|s| s.holder_identity), None, "released after the command's tree ended");
+}
+
+#[tokio::test]
+async fn run_started_while_its_apiserver_is_unreachable_waits_for_it_and_runs_the_command() {
+    let (env, _controller, a, _b) = setup("run-unreachable", DistributedLockSpec::default()).await;
+    let (proxy, server) = env.apiserver_proxy();
+    proxy.set(Fault::Drop);
+    let ran = env.log_dir().join("run-unreachable-token");
+    let script = format!("echo \"$LEASEHOLD_FENCING_TOKEN\" > {}", ran.display());
+    let log = env.log_dir().join("run-unreachable.log");
+    let mut run =
+        Supervised::spawn("run-a", run_command_via(&env, &a, Some(&server), "60s", &script), &log).expect("start run");
+
+    // Its first request (who are we?) finds no apiserver; it is tried again within --wait.
+    leasehold_harness::logged(&log, "failed to learn who we are; trying again", Duration::from_secs(30)).await;
+
+    proxy.set(Fault::Pass);
+    let status = run.wait_exit(Duration::from_secs(60)).await.expect("run ends");
+    assert_eq!(status.code(), Some(0), "{}", run.log_tail(20));
+    let token: i64 = std::fs::read_to_string(&ran).expect("the command ran").trim().parse().expect("a fencing token");
+    let lease = env.leases().get(LOCK).await.expect("the lock Lease");
+    assert!(
+        leasehold::lease::token::of_lease(&lease).is_some_and(|t| t >= token),
+        "the command ran under a token the lock granted: {token}"
+    );
 }

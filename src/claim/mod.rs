@@ -35,7 +35,7 @@ pub use watch::{SlotWatches, lease_states};
 
 use crate::crd::{ClaimMode, DistributedLock, LockClaim};
 use crate::lease::{
-    CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code, slot,
+    CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code, retry, slot,
 };
 use crate::metrics::ClientMetrics;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -108,7 +108,7 @@ impl AcquireError {
     pub fn is_transient(&self) -> bool {
         match self {
             AcquireError::ReadTimeout { .. } => true,
-            AcquireError::ReadLock { source, .. } => status_code(source).is_none_or(|c| c == 429 || c >= 500),
+            AcquireError::ReadLock { source, .. } => retry::may_pass(source),
             AcquireError::Lease(e) => e.is_transient(),
             _ => false,
         }
@@ -448,7 +448,7 @@ impl Claimant {
         match self.ensure_claim(lock, timing, mode).await {
             Ok(()) => Ok(tokio::time::Instant::now() + refresh),
             Err(e) if e.is_transient() => {
-                debug!(lock, error = %e, "failed to refresh our claim; trying again soon");
+                info!(lock, error = %e, "failed to refresh our claim; trying again soon");
                 self.metrics.apiserver_retries.inc();
                 Ok(tokio::time::Instant::now() + UNANSWERED_PAUSE.min(refresh))
             }
@@ -459,23 +459,16 @@ impl Claimant {
     /// Runs `attempt` until it succeeds, fails for good, or the next try would start past
     /// `deadline` (the caller's wait): a busy or briefly unreachable apiserver costs time,
     /// not the acquisition.
-    async fn retrying<T, F, Fut>(&self, deadline: tokio::time::Instant, mut attempt: F) -> Result<T, AcquireError>
+    async fn retrying<T, F, Fut>(&self, deadline: tokio::time::Instant, attempt: F) -> Result<T, AcquireError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, AcquireError>>,
     {
-        let mut pause = Duration::from_millis(100);
-        loop {
-            match attempt().await {
-                Err(e) if e.is_transient() && tokio::time::Instant::now() + pause < deadline => {
-                    debug!(error = %e, ?pause, "apiserver not answering as it should; trying again");
-                    self.metrics.apiserver_retries.inc();
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
-                other => return other,
-            }
-        }
+        retry::within(deadline, attempt, AcquireError::is_transient, |e, pause| {
+            debug!(error = %e, ?pause, "apiserver not answering as it should; trying again");
+            self.metrics.apiserver_retries.inc();
+        })
+        .await
     }
 
     /// An acquisition's first claim on `lock`, made before the lock's timing is read: it

@@ -125,7 +125,7 @@ impl CasError {
     pub fn is_transient(&self) -> bool {
         match self {
             CasError::Timeout { .. } => true,
-            CasError::Api { source, .. } => status_code(source).is_none_or(|c| c == 429 || c >= 500),
+            CasError::Api { source, .. } => super::retry::may_pass(source),
             _ => false,
         }
     }

@@ -46,7 +46,7 @@ pub use netfault::{Fault, FaultProxy};
 pub use node::{Node, shared_node};
 pub use postgres::Postgres;
 pub use process::{Supervised, process_exists};
-pub use wait::eventually;
+pub use wait::{eventually, logged};
 
 /// The control plane shared by every test of this test binary.
 ///

@@ -70,6 +70,16 @@ where
     }
 }
 
+/// Waits until the log file at `log` contains `line` (a message a process writes when it
+/// reaches a state nothing else shows); panics if `timeout` passes first.
+pub async fn logged(log: &std::path::Path, line: &str, timeout: Duration) {
+    eventually(&format!("{line:?} in {}", log.display()), timeout, || async {
+        let text = std::fs::read_to_string(log).map_err(|e| e.to_string())?;
+        if text.contains(line) { Ok(()) } else { Err("not yet".to_owned()) }
+    })
+    .await;
+}
+
 /// Runs `future` to completion on a new current-thread runtime in a new thread.
 ///
 /// The synchronous API (`ControlPlane::start`, `start_apiserver`, ...) is called from

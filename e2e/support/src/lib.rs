@@ -196,6 +196,16 @@ impl Env {
         self.stage().sidecar_via(pod, server, extra).await
     }
 
+    /// A fault proxy in front of the apiserver (initially passing), and the URL that
+    /// reaches the apiserver through it.
+    pub fn apiserver_proxy(&self) -> (leasehold_harness::FaultProxy, String) {
+        let upstream: std::net::SocketAddr =
+            self.cp.server_url().trim_start_matches("https://").parse().expect("the apiserver's address");
+        let proxy = leasehold_harness::FaultProxy::start(upstream).expect("a fault proxy");
+        let url = format!("https://{}", proxy.addr());
+        (proxy, url)
+    }
+
     /// Where process logs go.
     pub fn log_dir(&self) -> PathBuf {
         self.stage().log_dir()

@@ -1,0 +1,125 @@
+//! Trying a request again while the apiserver is busy, failing or unreachable, within the
+//! caller's deadline: such a state passes, and should cost the caller time, not its work.
+
+use std::future::Future;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+
+use super::cas::status_code;
+
+/// The first pause between tries; it doubles up to [`MAX_PAUSE`].
+pub const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between tries: an apiserver back after a restart is used within it.
+pub const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// Whether a request that failed with `error` may succeed if sent again: it got no HTTP
+/// status (no answer, a broken connection), or 429 (busy) or a 5xx (failing). A write that
+/// failed so may still have landed. A refusal (any other 4xx) is an answer, not a passing
+/// state.
+pub fn may_pass(error: &kube::Error) -> bool {
+    status_code(error).is_none_or(|c| c == 429 || c >= 500)
+}
+
+/// Runs `attempt` until it succeeds, fails with an error `transient` says will not pass,
+/// or the next try would start at or past `deadline`; the last error is returned.
+/// `retrying` is told of each error that will be tried again, with the pause before it.
+pub async fn within<T, E, Fut>(
+    deadline: tokio::time::Instant,
+    attempt: impl FnMut() -> Fut,
+    transient: impl FnMut(&E) -> bool,
+    retrying: impl FnMut(&E, Duration),
+) -> Result<T, E>
+where
+    Fut: Future<Output = Result<T, E>>,
+{
+    let pauses = ExponentialBuilder::default()
+        .with_min_delay(FIRST_PAUSE)
+        .with_max_delay(MAX_PAUSE)
+        .with_factor(2.0)
+        .without_max_times();
+    attempt
+        .retry(pauses)
+        .sleep(tokio::time::sleep)
+        .when(transient)
+        .adjust(move |_, pause| pause.filter(|p| tokio::time::Instant::now() + *p < deadline))
+        .notify(retrying)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status { code, message: format!("status {code}"), ..kube::core::Status::default() }.boxed(),
+        )
+    }
+
+    #[test]
+    fn which_failures_may_pass() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let table = [
+            ("a broken connection (no HTTP status)", kube::Error::Service(Box::new(reset)), true),
+            ("busy", api_error(429), true),
+            ("failing", api_error(500), true),
+            ("unavailable", api_error(503), true),
+            ("forbidden", api_error(403), false),
+            ("unauthorized", api_error(401), false),
+            ("not found", api_error(404), false),
+            ("conflict", api_error(409), false),
+            ("invalid", api_error(422), false),
+        ];
+        for (name, error, expected) in table {
+            assert_eq!(may_pass(&error), expected, "{name}");
+        }
+    }
+
+    /// Outcome of a run of `within` whose attempt fails `fails` times (transiently or
+    /// not), then succeeds: the result, the tries made, the pauses told of.
+    async fn run(fails: u32, transient: bool, wait: Duration) -> (Result<u32, String>, u32, Vec<Duration>) {
+        let tries = AtomicU32::new(0);
+        let mut pauses = Vec::new();
+        let deadline = tokio::time::Instant::now() + wait;
+        let result = within(
+            deadline,
+            || async {
+                let n = tries.fetch_add(1, Ordering::SeqCst) + 1;
+                if n <= fails { Err(format!("failure {n}")) } else { Ok(n) }
+            },
+            |_: &String| transient,
+            |_, pause| pauses.push(pause),
+        )
+        .await;
+        (result, tries.load(Ordering::SeqCst), pauses)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tries_again_after_growing_pauses_until_it_succeeds_or_its_deadline() {
+        let ms = Duration::from_millis;
+        let table = [
+            ("succeeds at once", 0, true, ms(10_000), Ok(1), vec![]),
+            ("passes after three failures", 3, true, ms(10_000), Ok(4), vec![ms(100), ms(200), ms(400)]),
+            ("pauses grow to 2 s, no further", 7, true, ms(60_000), Ok(8), {
+                vec![ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000), ms(2000)]
+            }),
+            ("a refusal is not tried again", 3, false, ms(10_000), Err("failure 1".to_owned()), vec![]),
+            // 100 + 200 + 400 = 700 ms elapsed; the next pause (800 ms) would end past 1 s.
+            ("no try starts past the deadline", 10, true, ms(1_000), Err("failure 4".to_owned()), {
+                vec![ms(100), ms(200), ms(400)]
+            }),
+        ];
+        for (name, fails, transient, wait, expected, pauses) in table {
+            let (result, tries, told) = run(fails, transient, wait).await;
+            assert_eq!(result, expected, "{name}");
+            // The pauses are computed in floating point: compared to the millisecond.
+            let told_ms: Vec<u128> = told.iter().map(Duration::as_millis).collect();
+            let pauses_ms: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
+            assert_eq!(told_ms, pauses_ms, "{name}");
+            assert_eq!(tries as usize, told.len() + 1, "{name}");
+        }
+    }
+}
