@@ -312,6 +312,29 @@ async fn a_claim_refresh_while_the_apiserver_is_unreachable_costs_a_retry_not_th
 }
 
 #[tokio::test]
+async fn a_claim_whose_create_got_no_answer_but_landed_is_kept_not_replaced() {
+    let (env, _controller) = setup("sc-landed", DistributedLockSpec::default()).await;
+    let a = env.pod("a").await;
+    env.wait_claim_rbac(&a).await;
+    let (proxy, server) = env.apiserver_proxy();
+    let sa = env.sidecar_via(&a, Some(&server), &[]).await;
+    let name = a.identity().claim_name(LOCK);
+
+    // Everything a sends reaches the apiserver 6 s late: its claim lands a second after a
+    // stopped waiting for the answer (5 s), and a tries again.
+    proxy.set(Fault::Delay(Duration::from_secs(6)));
+    let acquiring = acquire_later(&sa, 60.0);
+    let claim = until(&env.claims(), &name, Duration::from_secs(30), "a's first claim landed", |_| true).await;
+    proxy.set(Fault::Pass);
+    let (status, held) = acquiring.await.expect("join");
+    assert_eq!(status, 200, "{held}");
+    // a holds: its claim stays until it releases. It is the one that landed first.
+    let now = env.claims().get(&name).await.expect("a's claim");
+    assert_eq!(now.metadata.uid, claim.metadata.uid, "a's claim was replaced, not kept: {now:?}");
+    sa.release(LOCK).await;
+}
+
+#[tokio::test]
 async fn malformed_requests_get_json_errors_and_change_nothing() {
     let (env, _controller) = setup("sc-malformed", DistributedLockSpec::default()).await;
     let a = env.pod("a").await;

@@ -61,6 +61,17 @@ pub fn is_our_claim(claim: &LockClaim, lock: &str, identity: &Identity) -> bool 
     claim.spec.claimant == identity.id && claim.spec.lock == lock
 }
 
+/// Whether `existing` is the claim `sent` (one try of an acquisition's first claim) made:
+/// same claimant, lock and mode, and the same request time, to the microsecond it is
+/// stored with.
+pub fn is_claim_of_this_acquisition(existing: &LockClaim, sent: &LockClaim) -> bool {
+    let micros = |c: &LockClaim| c.spec.request_time.0.as_microsecond();
+    existing.spec.claimant == sent.spec.claimant
+        && existing.spec.lock == sent.spec.lock
+        && existing.spec.mode.unwrap_or_default() == sent.spec.mode.unwrap_or_default()
+        && micros(existing) == micros(sent)
+}
+
 /// The holder named by a Lease, if any.
 pub fn holder(lease: &Lease) -> Option<&str> {
     lease.spec.as_ref()?.holder_identity.as_deref().filter(|h| !h.is_empty())
@@ -210,6 +221,31 @@ mod tests {
     use crate::crd::ANNOTATION_TOKEN;
 
     const UID: &str = "0b8f3a1e-5d2c-4c55-9a57-2f3c1e7b9d10";
+
+    #[test]
+    fn a_claim_is_known_for_this_acquisitions_by_its_request_time() {
+        let at = |micros: i64, nanos: i32| Timestamp::new(1_800_000_000, micros as i32 * 1000 + nanos).expect("valid");
+        let us = Identity::for_pod("a", UID);
+        let other = Identity::for_pod("b", "1c9e4b2f-6e3d-4d66-8b68-3a4d2f8c0e21");
+        let sent = with_mode(lock_claim("orders", &us, 45, at(250, 0)), ClaimMode::Write);
+        let stored = |identity: &Identity, lock: &str, mode: ClaimMode, asked: Timestamp| {
+            with_mode(lock_claim(lock, identity, 45, asked), mode)
+        };
+        let table = [
+            ("the claim as sent", stored(&us, "orders", ClaimMode::Write, at(250, 0)), true),
+            ("refreshed since", refreshed(&stored(&us, "orders", ClaimMode::Write, at(250, 0)), 45, at(900, 0)), true),
+            ("asked a microsecond later", stored(&us, "orders", ClaimMode::Write, at(251, 0)), false),
+            ("another claimant", stored(&other, "orders", ClaimMode::Write, at(250, 0)), false),
+            ("another lock", stored(&us, "billing", ClaimMode::Write, at(250, 0)), false),
+            ("another mode", stored(&us, "orders", ClaimMode::Read, at(250, 0)), false),
+        ];
+        for (name, existing, expected) in table {
+            assert_eq!(is_claim_of_this_acquisition(&existing, &sent), expected, "{name}");
+        }
+        // Sent with nanoseconds, stored with microseconds: still ours.
+        let precise = with_mode(lock_claim("orders", &us, 45, at(250, 999)), ClaimMode::Write);
+        assert!(is_claim_of_this_acquisition(&sent, &precise));
+    }
 
     fn lock_lease(holder: Option<&str>, token: Option<&str>, revoked: Option<&str>) -> Lease {
         draining_lease(holder, token, revoked, None)

@@ -39,6 +39,7 @@ use crate::lease::{
 };
 use crate::metrics::ClientMetrics;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 /// The shortest wait for a grant: a wait of 0 (a try-lock) still gives the controller this
 /// long to see the claim and grant, and the claimant to confirm — one round trip each,
@@ -223,11 +224,14 @@ impl Claimant {
         let deadline = tokio::time::Instant::from_std(started + wait);
         let mut watches = SlotWatches::new(self.store.api().clone(), lock);
         let (polled, mut polls) = futures::channel::mpsc::unbounded::<(u32, Option<Lease>)>();
+        // Every try of the first claim carries this request time: a try that got no answer
+        // but landed is known for ours by it.
+        let asked = (Timestamp::now(), Instant::now());
         let setup = {
             let setup = async {
                 tokio::join!(
                     self.retrying(deadline, || self.terms(lock)),
-                    self.retrying(deadline, || self.claim_anew(lock, mode))
+                    self.retrying(deadline, || self.claim_anew(lock, mode, asked))
                 )
             };
             tokio::pin!(setup);
@@ -476,12 +480,16 @@ impl Claimant {
     /// from an earlier acquisition (its delete failed: the apiserver was unreachable) is
     /// replaced, never reused: reused, it would keep its old place at the head of the
     /// queue, and a claimant that acquires again and again would never let the others in.
-    async fn claim_anew(&self, lock: &str, mode: ClaimMode) -> Result<(), AcquireError> {
+    /// A claim this acquisition made by an earlier try, whose answer never came, is ours:
+    /// it is kept (replaced, it would cost two writes and its place in the queue). `asked`
+    /// is when the acquisition asked (its claims' request time) and sent its first try.
+    async fn claim_anew(&self, lock: &str, mode: ClaimMode, asked: (Timestamp, Instant)) -> Result<(), AcquireError> {
         let ttl = i32::try_from(DEFAULT_CLAIM_TTL.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
         let _writing = self.claims.write(lock).await;
         for _ in 0..3 {
-            let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+            let mut claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
+            claim.spec.request_time = MicroTime(asked.0);
             let sent = Instant::now();
             match self.claim_store.create(&claim).await {
                 Ok(created) => {
@@ -490,6 +498,13 @@ impl Claimant {
                     return Ok(());
                 }
                 Err(CasError::AlreadyExists { .. }) => {
+                    let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
+                    if let Some(ours) = existing.filter(|c| edit::is_claim_of_this_acquisition(c, &claim)) {
+                        // Which try landed is not known: the first was sent earliest.
+                        debug!(lock, claim = %name, "a claim that got no answer had landed");
+                        self.claims.created(lock, ours.metadata.uid, asked.1);
+                        return Ok(());
+                    }
                     debug!(lock, claim = %name, "replacing a leftover claim");
                     self.claim_store.delete(&name, None).await.map_err(|e| self.refused(lock, e))?;
                 }
