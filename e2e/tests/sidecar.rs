@@ -320,14 +320,17 @@ async fn a_claim_whose_create_got_no_answer_but_landed_is_kept_not_replaced() {
     let sa = env.sidecar_via(&a, Some(&server), &[]).await;
     let name = a.identity().claim_name(LOCK);
 
-    // Everything a sends reaches the apiserver 6 s late: its claim lands a second after a
+    // Every request a sends reaches the apiserver 6 s late, on whichever connection it
+    // goes (new connections' handshakes pass at once): its claim lands a second after a
     // stopped waiting for the answer (5 s), and a tries again.
-    proxy.set(Fault::Delay(Duration::from_secs(6)));
+    proxy.set(Fault::DelayAfterHandshake(Duration::from_secs(6)));
     let acquiring = acquire_later(&sa, 60.0);
     let claim = until(&env.claims(), &name, Duration::from_secs(30), "a's first claim landed", |_| true).await;
     proxy.set(Fault::Pass);
     let (status, held) = acquiring.await.expect("join");
     assert_eq!(status, 200, "{held}");
+    let log = sa.process.process.as_ref().expect("a's sidecar runs").log().to_owned();
+    leasehold_harness::logged(&log, "a claim that got no answer had landed", Duration::from_secs(10)).await;
     // a holds: its claim stays until it releases. It is the one that landed first.
     let now = env.claims().get(&name).await.expect("a's claim");
     assert_eq!(now.metadata.uid, claim.metadata.uid, "a's claim was replaced, not kept: {now:?}");

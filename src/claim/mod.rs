@@ -501,7 +501,7 @@ impl Claimant {
                     let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
                     if let Some(ours) = existing.filter(|c| edit::is_claim_of_this_acquisition(c, &claim)) {
                         // Which try landed is not known: the first was sent earliest.
-                        debug!(lock, claim = %name, "a claim that got no answer had landed");
+                        info!(lock, claim = %name, "a claim that got no answer had landed: it is ours, kept");
                         self.claims.created(lock, ours.metadata.uid, asked.1);
                         return Ok(());
                     }

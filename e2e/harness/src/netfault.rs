@@ -18,6 +18,7 @@
 //! | --- | --- | --- |
 //! | [`Fault::Pass`] | forward both ways (half-closes too) | connected upstream |
 //! | [`Fault::Delay`] | each chunk is written the delay after it was read; order kept | as open ones (connecting itself is not delayed) |
+//! | [`Fault::DelayAfterHandshake`] | as `Delay`, once past the TLS handshake | the TLS handshake passes at once; then as `Delay` |
 //! | [`Fault::Drop`] | reset (RST) on both sides at once | accepted and reset at once |
 //! | [`Fault::Blackhole`] | stay open; everything read is discarded, nothing written | accepted, held, never connected upstream |
 //!
@@ -46,6 +47,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use handshake::HandshakeEnd;
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{
@@ -55,6 +57,8 @@ use tokio::{
     sync::{mpsc, oneshot, watch},
     time::Instant,
 };
+
+mod handshake;
 
 /// The most bytes read (and later written) at once.
 const CHUNK_BYTES: usize = 16 * 1024;
@@ -72,11 +76,24 @@ pub enum Fault {
     Pass,
     /// Forward every chunk this long after it was read, in both directions, in order.
     Delay(Duration),
+    /// As [`Fault::Delay`], except that a TLS 1.3 connection's handshake passes at once:
+    /// the delay applies from the client's first application data on (in both
+    /// directions). A slow network for requests and their answers, without the handshake
+    /// of every new connection eating the client's request timeout. A connection that does
+    /// not start with a TLS handshake record is delayed from its first byte.
+    DelayAfterHandshake(Duration),
     /// Reset every open connection and reset new ones as soon as they are accepted.
     Drop,
     /// Keep connections open (and accept new ones) but forward nothing either way: the
     /// data is read and discarded.
     Blackhole,
+}
+
+impl Fault {
+    /// Whether traffic goes through (perhaps late): not swallowed, not reset.
+    fn forwards(self) -> bool {
+        !matches!(self, Fault::Blackhole | Fault::Drop)
+    }
 }
 
 /// A TCP proxy on `127.0.0.1:<free port>` to one upstream address, with a [`Fault`]
@@ -218,11 +235,13 @@ async fn serve(mut client: TcpStream, upstream: SocketAddr, mut faults: watch::R
     let _ = server.set_nodelay(true);
     // Whether bytes were swallowed in either direction: the stream is corrupt from then on.
     let lost = AtomicBool::new(false);
+    // Whether the client's application data has begun (its TLS handshake is over).
+    let talking = AtomicBool::new(false);
     let closed_cleanly = {
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
-        let upward = pump(client_read, server_write, faults.clone(), &lost);
-        let downward = pump(server_read, client_write, faults.clone(), &lost);
+        let upward = pump(client_read, server_write, faults.clone(), &lost, Direction::Up(&talking));
+        let downward = pump(server_read, client_write, faults.clone(), &lost, Direction::Down(&talking));
         tokio::select! {
             forwarded = async { tokio::try_join!(upward, downward) } => forwarded.is_ok(),
             () = until_connection_must_end(faults, &lost) => false,
@@ -243,8 +262,8 @@ async fn hold_until_forwarding(client: &mut TcpStream, faults: &mut watch::Recei
         match *faults.borrow_and_update() {
             Fault::Drop => return false,
             // Unless bytes were swallowed: the server would see a stream missing its start.
-            Fault::Pass | Fault::Delay(_) => return !lost,
-            Fault::Blackhole => {}
+            fault if fault.forwards() => return !lost,
+            _ => {}
         }
         tokio::select! {
             read = client.read(&mut discarded) => match read {
@@ -266,8 +285,8 @@ async fn until_connection_must_end(mut faults: watch::Receiver<Fault>, lost: &At
     loop {
         match *faults.borrow_and_update() {
             Fault::Drop => return,
-            Fault::Pass | Fault::Delay(_) if lost.load(Ordering::SeqCst) => return,
-            Fault::Pass | Fault::Delay(_) | Fault::Blackhole => {}
+            fault if fault.forwards() && lost.load(Ordering::SeqCst) => return,
+            _ => {}
         }
         if faults.changed().await.is_err() {
             return;
@@ -279,6 +298,46 @@ async fn until_connection_must_end(mut faults: watch::Receiver<Fault>, lost: &At
 struct Chunk {
     read_at: Instant,
     bytes: Vec<u8>,
+    /// Read before the client's application data began: spared by
+    /// [`Fault::DelayAfterHandshake`].
+    handshake: bool,
+}
+
+/// Which way a pump forwards, with the connection's flag saying whether the client's
+/// application data has begun: the upward pump finds out and sets it, the downward one
+/// reads it.
+#[derive(Clone, Copy)]
+enum Direction<'a> {
+    Up(&'a AtomicBool),
+    Down(&'a AtomicBool),
+}
+
+impl Direction<'_> {
+    /// `bytes` read at `read_at` as chunks, split where the client's application data
+    /// begins if it begins in them.
+    fn chunks(self, bytes: Vec<u8>, read_at: Instant, end: &mut HandshakeEnd) -> Vec<Chunk> {
+        let chunk = |bytes: Vec<u8>, handshake: bool| Chunk { read_at, bytes, handshake };
+        match self {
+            Direction::Down(talking) => vec![chunk(bytes, !talking.load(Ordering::SeqCst))],
+            Direction::Up(talking) if talking.load(Ordering::SeqCst) => vec![chunk(bytes, false)],
+            Direction::Up(talking) => match end.feed(&bytes) {
+                None if !bytes.is_empty() => vec![chunk(bytes, true)],
+                // End of stream during the handshake: the half-close is not spared.
+                None => vec![chunk(bytes, false)],
+                Some(at) => {
+                    talking.store(true, Ordering::SeqCst);
+                    let mut bytes = bytes;
+                    let data = bytes.split_off(at);
+                    let mut chunks = Vec::with_capacity(2);
+                    if !bytes.is_empty() {
+                        chunks.push(chunk(bytes, true));
+                    }
+                    chunks.push(chunk(data, false));
+                    chunks
+                }
+            },
+        }
+    }
 }
 
 /// Forwards one direction until end-of-stream, applying the fault in force when each
@@ -288,24 +347,31 @@ async fn pump(
     mut to: WriteHalf<'_>,
     mut faults: watch::Receiver<Fault>,
     lost: &AtomicBool,
+    direction: Direction<'_>,
 ) -> io::Result<()> {
     let (queue, mut queued) = mpsc::channel::<Chunk>(QUEUED_CHUNKS);
     let read = async move {
+        let mut handshake = HandshakeEnd::default();
         loop {
             let mut bytes = vec![0; CHUNK_BYTES];
             let count = from.read(&mut bytes).await?;
             bytes.truncate(count);
             let end = count == 0;
-            if queue.send(Chunk { read_at: Instant::now(), bytes }).await.is_err() || end {
-                // The writer has finished (or failed, and reports why).
-                return io::Result::Ok(());
+            for chunk in direction.chunks(bytes, Instant::now(), &mut handshake) {
+                if queue.send(chunk).await.is_err() {
+                    // The writer has finished (or failed, and reports why).
+                    return io::Result::Ok(());
+                }
+            }
+            if end {
+                return Ok(());
             }
         }
     };
     let write = async move {
         while let Some(chunk) = queued.recv().await {
             let end = chunk.bytes.is_empty();
-            if when_due(chunk.read_at, &mut faults).await {
+            if when_due(&chunk, &mut faults).await {
                 if lost.load(Ordering::SeqCst) {
                     return Err(corrupt());
                 }
@@ -318,7 +384,7 @@ async fn pump(
                 lost.store(true, Ordering::SeqCst);
                 // If the blackhole ended while this chunk was judged, the watcher may have
                 // looked at `lost` before it was set: end the connection from here.
-                if matches!(*faults.borrow(), Fault::Pass | Fault::Delay(_)) {
+                if faults.borrow().forwards() {
                     return Err(corrupt());
                 }
             }
@@ -331,14 +397,15 @@ async fn pump(
     tokio::try_join!(read, write).map(|_| ())
 }
 
-/// Waits until a chunk read at `read_at` is due under the fault in force, following
-/// changes; returns whether to write it (`false`: swallow it).
-async fn when_due(read_at: Instant, faults: &mut watch::Receiver<Fault>) -> bool {
+/// Waits until `chunk` is due under the fault in force, following changes; returns
+/// whether to write it (`false`: swallow it).
+async fn when_due(chunk: &Chunk, faults: &mut watch::Receiver<Fault>) -> bool {
     loop {
         let due = match *faults.borrow_and_update() {
             Fault::Pass => return true,
+            Fault::DelayAfterHandshake(_) if chunk.handshake => return true,
             // An absurdly long delay overflows: the chunk waits for the next change.
-            Fault::Delay(delay) => read_at.checked_add(delay),
+            Fault::Delay(delay) | Fault::DelayAfterHandshake(delay) => chunk.read_at.checked_add(delay),
             Fault::Blackhole | Fault::Drop => return false,
         };
         let delay_over = async {

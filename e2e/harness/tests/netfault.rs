@@ -133,6 +133,44 @@ async fn delay_holds_every_chunk_in_order() {
     assert_eq!(&byte, b"z");
 }
 
+/// A TLS record header and body: type, version 1.2 on the wire, length, filler.
+fn tls_record(kind: u8, body: usize) -> Vec<u8> {
+    let length = u16::try_from(body).expect("a test record fits a TLS length").to_be_bytes();
+    let mut bytes = vec![kind, 3, 3, length[0], length[1]];
+    bytes.resize(5 + body, 0x5a);
+    bytes
+}
+
+#[tokio::test]
+async fn delay_after_handshake_spares_the_tls_handshake_and_holds_what_follows() {
+    let proxy = FaultProxy::start(echo_server().await).expect("the proxy should start");
+    // A minute: whatever comes back within the deadline was not delayed.
+    proxy.set(Fault::DelayAfterHandshake(Duration::from_secs(60)));
+    let mut stream = connect(&proxy).await;
+    // ClientHello, a compatibility ChangeCipherSpec, Finished: echoed at once.
+    for (kind, body) in [(22, 300), (20, 1), (23, 53)] {
+        let record = tls_record(kind, body);
+        assert_eq!(round_trip(&mut stream, &record).await, record, "handshake record of type {kind} was held");
+    }
+    // The first application data: held, both ways, until the fault changes.
+    let request = tls_record(23, 100);
+    stream.write_all(&request).await.expect("writing to the proxy should succeed");
+    assert!(!replies_within_window(&mut stream).await, "application data after the handshake went through at once");
+    proxy.set(Fault::Pass);
+    let mut reply = vec![0; request.len()];
+    tokio::time::timeout(DEADLINE, stream.read_exact(&mut reply))
+        .await
+        .expect("Pass should release the held request")
+        .expect("reading the echo should succeed");
+    assert_eq!(reply, request);
+
+    // A connection that is not TLS is held from its first byte.
+    proxy.set(Fault::DelayAfterHandshake(Duration::from_secs(60)));
+    let mut plain = connect(&proxy).await;
+    plain.write_all(b"plain").await.expect("writing to the proxy should succeed");
+    assert!(!replies_within_window(&mut plain).await, "a connection that is not TLS went through at once");
+}
+
 #[tokio::test]
 async fn drop_resets_open_connections_and_refuses_new_ones_until_pass() {
     let proxy = FaultProxy::start(echo_server().await).expect("the proxy should start");
