@@ -230,8 +230,8 @@ impl Claimant {
         let setup = {
             let setup = async {
                 tokio::join!(
-                    self.retrying(deadline, || self.terms(lock)),
-                    self.retrying(deadline, || self.claim_anew(lock, mode, asked))
+                    self.retrying(lock, deadline, || self.terms(lock)),
+                    self.retrying(lock, deadline, || self.claim_anew(lock, mode, asked))
                 )
             };
             tokio::pin!(setup);
@@ -463,13 +463,18 @@ impl Claimant {
     /// Runs `attempt` until it succeeds, fails for good, or the next try would start past
     /// `deadline` (the caller's wait): a busy or briefly unreachable apiserver costs time,
     /// not the acquisition.
-    async fn retrying<T, F, Fut>(&self, deadline: tokio::time::Instant, attempt: F) -> Result<T, AcquireError>
+    async fn retrying<T, F, Fut>(
+        &self,
+        lock: &str,
+        deadline: tokio::time::Instant,
+        attempt: F,
+    ) -> Result<T, AcquireError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, AcquireError>>,
     {
         retry::within(deadline, attempt, AcquireError::is_transient, |e, pause| {
-            debug!(error = %e, ?pause, "apiserver not answering as it should; trying again");
+            info!(lock, error = %e, ?pause, "the apiserver did not answer as it should; trying again");
             self.metrics.apiserver_retries.inc();
         })
         .await
