@@ -50,6 +50,7 @@ mod tests {
             renew_time: Some(MicroTime(jiff::Timestamp::from_second(renewed_s).expect("valid"))),
             confirmed: true,
             claim: None,
+            claim_uid: None,
         }
     }
 

@@ -93,9 +93,7 @@ pub async fn observe<'a>(
             memory.seen = Some(recreate::seen(lease));
             clocks.push(match state {
                 LeaseState::Held(h) => {
-                    if let Some(claim) =
-                        found.iter().find(|c| Some(&c.name) == h.claim.as_ref() && c.identity == h.identity)
-                    {
+                    if let Some(claim) = found.iter().find(|c| h.claim.is_some() && h.granted_on(c)) {
                         memory.served = Some(claim.uid.clone());
                     }
                     SlotClocks { hold: Some(clocks::of_hold(memory, h, now)), drain: None }

@@ -264,6 +264,7 @@ mod tests {
             renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(ts(101))),
             confirmed: true,
             claim: None,
+            claim_uid: None,
         }
     }
 

@@ -67,6 +67,10 @@ pub struct LeaseHold {
     pub confirmed: bool,
     /// The holder's LockClaim name, as recorded at grant.
     pub claim: Option<String>,
+    /// The UID of the LockClaim the hold was granted on, as recorded at grant: a later
+    /// claim in the holder's name (a new acquisition, after it lost this hold) is another
+    /// object, with the same name.
+    pub claim_uid: Option<String>,
     /// Granted to a reader or to a writer.
     pub mode: ClaimMode,
 }
@@ -123,8 +127,20 @@ pub fn lease_hold(lease: &Lease) -> Option<LeaseHold> {
         renew_time: spec.renew_time.clone(),
         confirmed: edit::is_confirmed(lease),
         claim: lease.annotations().get(ANNOTATION_CLAIM).cloned(),
+        claim_uid: edit::claim_uid(lease).map(str::to_owned),
         mode: mode_of(lease),
     })
+}
+
+impl LeaseHold {
+    /// Whether `claim` is the one this hold was granted on: in the holder's name, and the
+    /// very object where the grant recorded its UID (any claim of that name where it did
+    /// not).
+    pub fn granted_on(&self, claim: &Claim) -> bool {
+        claim.identity == self.identity
+            && self.claim.as_ref().is_none_or(|name| *name == claim.name)
+            && self.claim_uid.as_ref().is_none_or(|uid| *uid == claim.uid)
+    }
 }
 
 /// The mode a slot Lease was granted in: `Write` only when it says so.
@@ -346,5 +362,39 @@ mod tests {
         ));
         let garbled = lock_lease(Some(&holder), &[(ANNOTATION_TOKEN, "8"), (ANNOTATION_DRAINING, "seven")]);
         assert!(matches!(lease_state(&garbled), LeaseState::Draining(LeaseDrain { revoked: None, .. })));
+    }
+
+    #[test]
+    fn a_hold_is_granted_on_the_claim_object_its_grant_recorded() {
+        use crate::crd::{ANNOTATION_CLAIM_UID, ANNOTATION_TOKEN};
+        let holder = format!("w-0_{UID}");
+        let claim = |name: &str, uid: &str, claimant: &str| Claim {
+            mode: ClaimMode::Read,
+            name: name.into(),
+            uid: uid.into(),
+            resource_version: "1".into(),
+            identity: Identity::parse(claimant),
+            created: Timestamp::UNIX_EPOCH,
+            requested: Timestamp::UNIX_EPOCH,
+            renew_time: None,
+            ttl: Duration::from_secs(30),
+        };
+        let recorded = [(ANNOTATION_TOKEN, "7"), (ANNOTATION_CLAIM, "orders.x"), (ANNOTATION_CLAIM_UID, "uid-1")];
+        let name_only = [(ANNOTATION_TOKEN, "7"), (ANNOTATION_CLAIM, "orders.x")];
+        let neither = [(ANNOTATION_TOKEN, "7")];
+        type Annotations<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(&str, Annotations, Claim, bool); 7] = [
+            ("the granted claim", &recorded, claim("orders.x", "uid-1", &holder), true),
+            ("a later claim in the holder's name", &recorded, claim("orders.x", "uid-2", &holder), false),
+            ("another claimant's claim", &recorded, claim("orders.x", "uid-1", "w-1_other"), false),
+            ("another name", &recorded, claim("orders.y", "uid-1", &holder), false),
+            ("no UID recorded: by name", &name_only, claim("orders.x", "uid-2", &holder), true),
+            ("no UID recorded, another name", &name_only, claim("orders.y", "uid-2", &holder), false),
+            ("nothing recorded: by claimant", &neither, claim("orders.y", "uid-2", &holder), true),
+        ];
+        for (name, annotations, claim, expected) in cases {
+            let hold = lease_hold(&lock_lease(Some(&holder), annotations)).expect("held");
+            assert_eq!(hold.granted_on(&claim), expected, "{name}");
+        }
     }
 }

@@ -60,7 +60,9 @@ fn carry_out(
             token: revocation.token,
             raised_to,
             holder: h.identity.clone(),
-            claim: o.claims.iter().find(|w| w.claim.identity == h.identity).map(|w| w.claim.clone()),
+            // The claim the hold was granted on, not a later one in the holder's name: a
+            // new acquisition, made after the holder lost this hold, keeps its place.
+            claim: o.claims.iter().find(|w| h.granted_on(&w.claim)).map(|w| w.claim.clone()),
             drain_from,
             force: force.cloned().filter(|_| revocation.reason == RevokeReason::Forced),
         }

@@ -217,6 +217,35 @@ fn an_expired_hold_is_revoked_and_the_next_waiter_granted_in_one_write() {
 }
 
 #[test]
+fn an_expired_holders_new_acquisition_keeps_its_claim_and_its_place() {
+    // The holder lost its hold (it stopped renewing) and acquires again: its new claim
+    // has its name, but is another object, made after b's.
+    let lock = lock();
+    let lease = held("h");
+    let mut again = waiting("h", 3, Some(true));
+    again.claim.uid = "uid-h-again".into();
+    let mut o = observation(&lock, &lease, vec![waiting("b", 2, Some(true)), again]);
+    o.slots[0].hold = Some(clock(lease_duration().as_secs()));
+    let plan = super::plan(&o);
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"));
+    let [revoked] = plan.revocations.as_slice() else { panic!("one revocation: {:?}", plan.revocations) };
+    assert_eq!(revoked.reason, RevokeReason::Expired);
+    assert_eq!(revoked.claim, None, "the new acquisition's claim is not the revoked hold's");
+    assert!(plan.stale.is_empty(), "{:?}", plan.stale);
+
+    // Once b holds, h's new claim waits: it is granted when b lets go.
+    let lease = held("b");
+    let mut again = waiting("h", 3, Some(true));
+    again.claim.uid = "uid-h-again".into();
+    let o = observation(&lock, &lease, vec![waiting("b", 2, None), again.clone()]);
+    let plan = super::plan(&o);
+    assert_eq!(names(&status(&plan).waiters), ["orders.u-h"]);
+    let lease = free();
+    let o = observation(&lock, &lease, vec![again]);
+    assert_eq!(holder_of(&super::plan(&o)).as_deref(), Some("u-h"));
+}
+
+#[test]
 fn a_believing_holder_whose_pod_is_gone_is_drained_and_nobody_is_granted() {
     let lock = lock();
     let lease = held("h");
