@@ -149,6 +149,37 @@ impl LockMemory {
     pub fn slot(&mut self, slot: u32) -> &mut SlotMemory {
         self.slots.entry(slot).or_default()
     }
+
+    /// Whether this memory holds nothing that the next reconcile would not rebuild from
+    /// the caches exactly as it is, so that forgetting it changes no decision: nothing
+    /// pending, no claim or hold being timed, no write the cache has not caught up with, no
+    /// claim served, and a status the cache shows that lists no holder (re-creating a
+    /// deleted slot Lease then finds no hold to drain either way). A new leadership term
+    /// starts every lock from nothing; an idle lock forgotten here starts the same way and
+    /// loses nothing, while 100,000 idle locks no longer each keep a memory.
+    pub fn at_rest(&self) -> bool {
+        let status_at_rest = match &self.status {
+            None => true,
+            Some(AppliedStatus::Written(_)) => false,
+            Some(AppliedStatus::Cached(lock)) => {
+                lock.status.as_ref().is_some_and(|s| super::status::listed(s).is_empty())
+            }
+        };
+        self.pending.is_none() && self.claims.is_empty() && status_at_rest && self.slots.values().all(|s| s.at_rest())
+    }
+}
+
+impl SlotMemory {
+    /// Whether this slot's memory is what a first look at a free slot Lease records, and
+    /// nothing more (see [`LockMemory::at_rest`]).
+    pub fn at_rest(&self) -> bool {
+        self.holder.is_none()
+            && self.hold.is_none()
+            && self.drain.is_none()
+            && self.written.is_none()
+            && self.served.is_none()
+            && self.seen.as_ref().is_none_or(super::recreate::Seen::carries_nothing)
+    }
 }
 
 /// Shared by all reconciles.
@@ -204,6 +235,14 @@ impl Context {
             **memory = LockMemory { uid: uid.to_owned(), ..LockMemory::default() };
         }
         f(memory)
+    }
+
+    /// Forgets the memory of `key` if it is at rest ([`LockMemory::at_rest`]).
+    pub fn forget_at_rest(&self, key: &LockKey) {
+        let mut guard = self.memory.lock().expect("controller memory is never poisoned");
+        if guard.1.get(key).is_some_and(|m| m.at_rest()) {
+            guard.1.remove(key);
+        }
     }
 
     /// Highest token this process issued for `key`.
@@ -286,5 +325,99 @@ mod tests {
         );
         index.set(&b, &["p3"]);
         assert!(index.locks_of("ns", "p1").is_empty());
+    }
+
+    fn lease(holder: Option<&str>) -> Lease {
+        let mut lease = Lease::default();
+        if let Some(holder) = holder {
+            lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(holder.into()),
+                ..Default::default()
+            });
+            lease.metadata.annotations = Some([(crate::crd::ANNOTATION_TOKEN.to_owned(), "7".to_owned())].into());
+        }
+        lease
+    }
+
+    fn cached(holder: Option<&str>) -> AppliedStatus {
+        let mut lock = DistributedLock::new("orders", crate::crd::DistributedLockSpec::default());
+        let holders = holder
+            .map(|h| crate::crd::HolderStatus {
+                identity: h.into(),
+                slot: 0,
+                mode: None,
+                pod: None,
+                fencing_token: 7,
+                acquired_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+                renewed_at: None,
+                expires_at: None,
+                waited_seconds: 0.0,
+            })
+            .into_iter()
+            .collect();
+        lock.status = Some(DistributedLockStatus { holders, ..DistributedLockStatus::default() });
+        AppliedStatus::Cached(Arc::new(lock))
+    }
+
+    #[test]
+    fn only_a_memory_the_caches_would_rebuild_is_at_rest() {
+        fn sighting<K>(key: K) -> Option<Sighting<K>> {
+            Some(Sighting { key, since: std::time::Instant::now() })
+        }
+        let now = std::time::Instant::now();
+        let with = |f: &dyn Fn(&mut LockMemory)| {
+            let mut m = LockMemory { uid: "u1".into(), ..LockMemory::default() };
+            f(&mut m);
+            m
+        };
+        let free_slot = |m: &mut LockMemory| m.slot(0).seen = Some(super::super::recreate::seen(&lease(None)));
+        let table: [(&str, LockMemory, bool); 14] = [
+            ("nothing remembered", with(&|_| {}), true),
+            ("a free slot Lease looked at", with(&free_slot), true),
+            ("status applied, the cache shows it, nobody holds", with(&|m| m.status = Some(cached(None))), true),
+            (
+                "status written, the cache does not show it yet",
+                with(&|m| m.status = Some(AppliedStatus::Written(Box::default()))),
+                false,
+            ),
+            ("status shown, listing a holder", with(&|m| m.status = Some(cached(Some("app")))), false),
+            (
+                "an outcome waiting for a status write",
+                with(&|m| m.pending = Some(super::super::status::Outcome::default())),
+                false,
+            ),
+            (
+                "a claim being timed",
+                with(&|m| {
+                    m.claims.insert("c1".into(), ClaimSeen { first: now, refresh: None });
+                }),
+                false,
+            ),
+            ("a renewal being timed", with(&|m| m.slot(0).holder = sighting(("app".into(), Some(7), None))), false),
+            ("a hold being timed", with(&|m| m.slot(0).hold = sighting(("app".into(), Some(7)))), false),
+            ("a drain being timed", with(&|m| m.slot(0).drain = sighting(Some(7))), false),
+            (
+                "a write the cache has not caught up with",
+                with(&|m| m.slot(0).written = Some(Box::new((Some("5".into()), lease(None))))),
+                false,
+            ),
+            ("a claim served", with(&|m| m.slot(0).served = Some("c1".into())), false),
+            (
+                "a slot Lease seen carrying a hold",
+                with(&|m| m.slot(0).seen = Some(super::super::recreate::seen(&lease(Some("app"))))),
+                false,
+            ),
+            (
+                "a free slot beside a held one",
+                with(&|m| {
+                    free_slot(m);
+                    m.slot(1).hold = sighting(("app".into(), Some(7)));
+                }),
+                false,
+            ),
+        ];
+        for (case, memory, want) in table {
+            assert_eq!(memory.at_rest(), want, "{case}");
+        }
     }
 }

@@ -37,6 +37,9 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         }),
     };
     ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    // An idle lock keeps no memory between reconciles: nothing in it would change a
+    // decision, and at scale it is most of what the controller holds.
+    ctx.forget_at_rest(&LockKey::of(&lock));
     result
 }
 

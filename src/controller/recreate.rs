@@ -36,6 +36,13 @@ pub struct Orphan {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Seen(Option<Orphan>);
 
+impl Seen {
+    /// Whether the Lease carried no hold that re-creation would drain.
+    pub fn carries_nothing(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
 /// What `lease` (a slot Lease as seen) tells re-creation.
 pub fn seen(lease: &Lease) -> Seen {
     // No fallback: a Lease that records no lease duration takes the spec's at re-creation.

@@ -8,8 +8,8 @@
 //! holds, and enough people other than the requester approved it. Anything else ends it —
 //! it never waits for a later holder.
 
+use super::status::stored;
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::crd::{Approval, ForceReleaseEntry, ForceReleaseRequestSpec, ForceReleaseRequestStatus, Phase};
 
@@ -132,7 +132,7 @@ pub fn status(
     ForceReleaseRequestStatus {
         phase: Some(phase),
         message: Some(message),
-        last_transition_time: Some(since.unwrap_or(Time(now))),
+        last_transition_time: Some(since.unwrap_or_else(|| stored(now))),
         requester: spec.requester.clone(),
         approvals_text: Some(format!("{}/{required}", approvals.len())),
         approvals,
@@ -151,7 +151,7 @@ pub fn entries(
     now: Timestamp,
 ) -> Vec<ForceReleaseEntry> {
     let entry = |event: &str, by: Option<String>, message: Option<String>| ForceReleaseEntry {
-        at: Time(now),
+        at: stored(now),
         event: event.to_owned(),
         request: Some(name.to_owned()),
         by,
@@ -195,6 +195,7 @@ pub fn append(history: &[ForceReleaseEntry], new: &[ForceReleaseEntry], limit: u
 mod tests {
     use super::*;
     use crate::crd::Denial;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + s).expect("valid")

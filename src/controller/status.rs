@@ -14,6 +14,14 @@ use crate::crd_force::limits::HISTORY;
 use crate::lease::RevokeReason;
 use crate::lease::Timing;
 
+/// `t` as the apiserver stores a `Time`: whole seconds. A status built from it reads back
+/// from the cache exactly as written, so the status last applied can be recognised in the
+/// cache (and shared with it, not kept as a copy) and is not written again for a change of
+/// precision alone.
+pub fn stored(t: Timestamp) -> Time {
+    Time(t.round(jiff::TimestampRound::new().smallest(jiff::Unit::Second).mode(jiff::RoundMode::Floor)).unwrap_or(t))
+}
+
 /// A grant made in this reconcile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Granted {
@@ -125,7 +133,7 @@ fn condition(
     let last = previous
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
-        .map_or(Time(now), |c| c.last_transition_time.clone());
+        .map_or_else(|| stored(now), |c| c.last_transition_time.clone());
     Condition {
         type_: type_.to_owned(),
         status: status.to_owned(),
@@ -152,9 +160,9 @@ fn holder_status(h: &SlotHold, previous: Option<&HolderStatus>, granted: Option<
         mode: (hold.mode == ClaimMode::Write).then_some(ClaimMode::Write),
         pod: hold.identity.pod.as_ref().map(|p| p.name.clone()),
         fencing_token: token,
-        acquired_at: Time(acquired),
-        renewed_at: Some(Time(renewed)),
-        expires_at: renewed.checked_add(lease).ok().map(Time),
+        acquired_at: stored(acquired),
+        renewed_at: Some(stored(renewed)),
+        expires_at: renewed.checked_add(lease).ok().map(stored),
         waited_seconds: granted.map_or(0.0, |g| g.waited_seconds),
     }
 }
@@ -230,7 +238,7 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
                 identity: c.identity.id.clone(),
                 pod: c.identity.pod.as_ref().map(|p| p.name.clone()),
                 mode: (c.mode == ClaimMode::Write).then_some(ClaimMode::Write),
-                since: Time(c.requested),
+                since: stored(c.requested),
             })
             .collect(),
         queue_length: i32::try_from(i.waiters.len()).unwrap_or(i32::MAX),
@@ -408,6 +416,63 @@ mod tests {
         let s3 = with(&s2, 8, &Outcome::default(), &[]);
         assert_eq!((s3.stats.forced_releases, s3.stats.releases, s3.stats.expirations), (1, 0, 0));
         assert_eq!(s3.conditions[1].reason, "Free");
+    }
+
+    #[test]
+    fn stored_times_are_whole_seconds_rounded_down() {
+        let at = |s: i64, nanos: i64| ts(s) + SignedDuration::from_nanos(nanos);
+        let table = [
+            ("a whole second", at(100, 0), ts(100)),
+            ("just after", at(100, 1), ts(100)),
+            ("just before the next", at(100, 999_999_999), ts(100)),
+            ("before the epoch", at(-1, 500_000_000), ts(-1)),
+        ];
+        for (case, t, want) in table {
+            assert_eq!(stored(t), Time(want), "{case}");
+        }
+    }
+
+    #[test]
+    fn a_status_reads_back_from_the_apiserver_exactly_as_written() {
+        // Every clock below the second: the apiserver keeps a Time to the second, and the
+        // status last applied must equal the cached lock's to be recognised there.
+        let at = |s: i64| ts(s) + SignedDuration::from_nanos(123_456_789);
+        let mut a = hold("a", 7);
+        a.acquire_time = Some(at(100));
+        a.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(at(101)));
+        let mut b = waiter("b", 0);
+        b.requested = at(95);
+        let drain = LeaseDrain { holder: None, revoked: Some(6), reason: None, mode: ClaimMode::Read };
+        let granted = Outcome {
+            granted: vec![Granted { slot: 0, waited_seconds: 0.123_456, handoff_ms: Some(3) }],
+            ..Outcome::default()
+        };
+        let holds = [SlotHold { slot: 0, hold: a, timing: timing() }];
+        let draining = [(0, drain)];
+        type Case<'a> = (&'a str, &'a [SlotHold], &'a [&'a Claim], &'a Outcome, &'a [(u32, LeaseDrain)]);
+        let table: [Case; 3] = [
+            ("held, one waiting", &holds, &[&b], &granted, &[]),
+            ("free", &[], &[], &Outcome::default(), &[]),
+            ("draining", &[], &[&b], &Outcome::default(), &draining),
+        ];
+        for (case, holds, waiters, outcome, draining) in table {
+            let status = desired(&Inputs {
+                previous: &DistributedLockStatus::default(),
+                generation: Some(1),
+                now: at(200),
+                holds,
+                permits: 1,
+                token: 7,
+                waiters,
+                outcome,
+                draining,
+                ready: &Ready::Yes,
+                approvals: 0,
+            });
+            let json = serde_json::to_value(&status).expect("serialises");
+            let read: DistributedLockStatus = serde_json::from_value(json).expect("deserialises");
+            assert_eq!(read, status, "{case}");
+        }
     }
 
     #[test]

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::Observation;
 use crate::controller::force::{self, Target};
 use crate::controller::requests::{self, HoldView, Judged, Verdict};
+use crate::controller::status::stored;
 use crate::controller::view::LeaseState;
 use crate::crd::{
     DistributedLock, ForceRelease, ForceReleaseEntry, ForceReleaseRequest, ForceReleaseRequestStatus, Phase,
@@ -129,7 +129,7 @@ pub fn refusal(request: &force::Request, required: u32, now: Timestamp) -> super
         "the lock needs {required} approval(s) for a force release: create a ForceReleaseRequest (`leasehold release --force` does)"
     );
     let entry = ForceReleaseEntry {
-        at: Time(now),
+        at: stored(now),
         event: "Refused".into(),
         request: None,
         by: Some(request.by.clone()),
@@ -170,7 +170,7 @@ pub fn settle(
         let forced = revoked_now.then_some(ForceRelease {
             by: request.by,
             reason: request.reason,
-            at: Time(now),
+            at: stored(now),
             revoked_token: target,
             request: request.request,
             approved_by: request.approved_by,
@@ -197,7 +197,7 @@ pub fn settle(
         forced: Some(ForceRelease {
             by: request.by,
             reason: request.reason,
-            at: Time(now),
+            at: stored(now),
             revoked_token,
             request: None,
             approved_by: Vec::new(),
