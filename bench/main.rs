@@ -18,6 +18,7 @@ mod ceiling;
 mod cpu;
 mod floors;
 mod lease_level;
+mod lease_writes;
 mod node;
 mod observe;
 mod output;
@@ -187,7 +188,7 @@ async fn bench() -> anyhow::Result<bool> {
     //    floors, Leasehold's acquire and handoffs, the etcd lock's handoff.
     let controller_pid = controller.process.as_ref().map(|p| p.pid());
     let name = "interleaved rounds: floor (Lease CAS: kube-rs, plain HTTPS, client-go), acquire, handoff (sidecars, Lease level, etcd)";
-    phase(&mut run, began, name, interleaved(&env, &admin, controller_pid, &peers, &world, &plan, &background)).await;
+    phase(&mut run, began, name, interleaved(&env, &admin, controller_pid, &peers, &world, &plan)).await;
     phase(&mut run, began, "Leasehold: held locks (writes, sidecar memory)", async {
         let locks: Vec<String> = (0..plan.held_locks).map(|i| format!("held-{i}")).collect();
         sidecar::held(&admin, env.name(), &world.acquirer, &locks, &background, plan.held_window).await
@@ -295,14 +296,13 @@ async fn interleaved(
     peers: &peers::Peers,
     world: &World,
     plan: &Plan,
-    background: &Writes,
 ) -> anyhow::Result<Run> {
     let cp = env.cp;
     let mut processes = Vec::new();
     processes.extend(controller.map(|pid| ("controller", pid)));
     processes.extend(cpu::find(&cp.child_pids(), "kube-apiserver").map(|pid| ("kube-apiserver", pid)));
     let mut tally = cpu::Tally::new(&processes);
-    let mut acquire_writes = Writes::default();
+    let (mut acquire_writes, mut acquire_others) = (Writes::default(), Writes::default());
     let mut acquire_cycles = 0;
     let ((sa, a), (sb, b)) = &world.handoff;
     let mut rounds = Vec::new();
@@ -334,10 +334,11 @@ async fn interleaved(
                 }
                 4 => {
                     let mark = tally.mark()?;
-                    let (part, writes) =
+                    let (part, writes, others) =
                         sidecar::uncontended(env, admin, &world.acquirer, "acquire", warmup, n).await?;
                     tally.add(&mark, warmup + n)?;
                     acquire_writes.add(&writes);
+                    acquire_others.add(&others);
                     acquire_cycles += n;
                     part
                 }
@@ -351,7 +352,7 @@ async fn interleaved(
         rounds.push(round);
     }
     let mut run = rounds::join(rounds);
-    run.writes.insert(0, sidecar::cycle_writes(&acquire_writes, background, acquire_cycles));
+    run.writes.insert(0, sidecar::cycle_writes(&acquire_writes, &acquire_others, acquire_cycles));
     run.cpu.extend(tally.rows("uncontended acquire/release cycles through a sidecar, one grant each")?);
     run.facts.insert(
         "handoff settle (waiter seen queued → holder lets go)".into(),

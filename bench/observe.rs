@@ -141,9 +141,17 @@ impl Writes {
     /// time, per kind, never below zero.
     pub fn less_background(&self, background: &Writes) -> Writes {
         let scale = if background.seconds > 0.0 { self.seconds / background.seconds } else { 0.0 };
+        let mut expected = background.clone();
+        expected.ok.values_mut().for_each(|v| *v *= scale);
+        self.less(&expected)
+    }
+
+    /// These writes less `other` (writes of the same window that are not the ones
+    /// measured), per kind, never below zero.
+    pub fn less(&self, other: &Writes) -> Writes {
         let mut out = self.clone();
         for (key, value) in out.ok.iter_mut() {
-            *value = (*value - background.ok.get(key).copied().unwrap_or(0.0) * scale).max(0.0);
+            *value = (*value - other.ok.get(key).copied().unwrap_or(0.0)).max(0.0);
         }
         out.ok.retain(|_, v| *v > 0.0);
         out

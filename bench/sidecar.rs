@@ -13,6 +13,7 @@ use leasehold::crd::{DistributedLock, DistributedLockSpec};
 use rand::Rng;
 use serde_json::{Value, json};
 
+use crate::lease_writes::OtherLeaseWrites;
 use crate::observe::{Latest, Writes, memory, scrape};
 use crate::plan::Settle;
 use crate::record::{Memory, Panel, Run, Series, WriteCount};
@@ -74,9 +75,10 @@ fn granted(response: &Option<(u16, String)>) -> anyhow::Result<i64> {
 }
 
 /// Uncontended acquire through the sidecar's HTTP API, and the apiserver writes of the
-/// measured acquire/release cycles (raw: [`cycle_writes`] makes the row once every round is
-/// in). Before each cycle the controller has recorded the previous release in status (so
-/// the lock is free in its view: the steady state of an idle lock).
+/// measured acquire/release cycles with, apart, the writes of every other Lease in the same
+/// window (raw: [`cycle_writes`] makes the row once every round is in). Before each cycle
+/// the controller has recorded the previous release in status (so the lock is free in its
+/// view: the steady state of an idle lock).
 pub async fn uncontended(
     env: &Env,
     admin: &kube::Client,
@@ -84,7 +86,8 @@ pub async fn uncontended(
     lock: &str,
     warmup: usize,
     samples: usize,
-) -> anyhow::Result<(Run, Writes)> {
+) -> anyhow::Result<(Run, Writes, Writes)> {
+    let others = OtherLeaseWrites::start(admin.clone(), env.name(), lock).await?;
     let dl = Latest::start(env.locks(), lock);
     let base = stats(&dl.wait("status", WAIT, |d| d.status.is_some()).await?.1).releases;
     let (mut acquire, mut release) = (Vec::new(), Vec::new());
@@ -114,7 +117,10 @@ pub async fn uncontended(
     // Let the asynchronous Events of the last cycle land inside the window.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (before, t0) = before.context("at least one measured cycle")?;
-    let writes = Writes::between(&before, &scrape(admin).await?, t0.elapsed().as_secs_f64());
+    let after = scrape(admin).await?;
+    let (t1, seconds) = (Instant::now(), t0.elapsed().as_secs_f64());
+    let writes = Writes::between(&before, &after, seconds);
+    let other = others.between(t0, t1, seconds)?;
     let mut run = Run::default();
     let params = json!({
         "warmup": warmup,
@@ -139,13 +145,13 @@ pub async fn uncontended(
         release,
         params,
     ));
-    Ok((run, writes))
+    Ok((run, writes, other))
 }
 
 /// The row of apiserver writes per uncontended cycle, from the raw writes of `cycles`
-/// measured cycles, less the `background`.
-pub fn cycle_writes(writes: &Writes, background: &Writes, cycles: usize) -> WriteCount {
-    let net = writes.less_background(background);
+/// measured cycles, less the writes of every other Lease in the same windows (`others`).
+pub fn cycle_writes(writes: &Writes, others: &Writes, cycles: usize) -> WriteCount {
+    let net = writes.less(others);
     let n = cycles.max(1) as f64;
     WriteCount {
         what: "apiserver writes per uncontended acquire/release cycle".into(),
@@ -157,6 +163,7 @@ pub fn cycle_writes(writes: &Writes, background: &Writes, cycles: usize) -> Writ
             "window_s": writes.seconds,
             "raw_writes": writes.total(),
             "background_subtracted": writes.total() - net.total(),
+            "background": "every write of another Lease in the window, as a watch of all Leases saw it arrive (election and identity renewals, other locks' holders), subtracted one by one",
             "conflicts_409_per_cycle": writes.conflicts_total() / n,
             "failed": writes.failed,
         }),

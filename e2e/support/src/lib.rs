@@ -54,13 +54,17 @@ pub fn sidecar_bin() -> &'static str {
     })
 }
 
-/// A free loopback port (bound and released; the caller binds it next).
+/// A free loopback port (bound and released; the caller binds it next), never one this
+/// process handed out before.
 ///
 /// It is taken below the kernel's ephemeral range: a server a test stops and starts again on
 /// the same port (a restarted sidecar) would otherwise find it taken, now and then, as the
-/// local port of some client connection made meanwhile.
+/// local port of some client connection made meanwhile. And it is never handed out twice:
+/// while such a server is down its port looks free, and handed to another server (the
+/// restarted sidecar's own admin port, say) it would be taken when the first comes back.
 pub fn free_port() -> u16 {
     use rand::Rng as _;
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
@@ -68,7 +72,9 @@ pub fn free_port() -> u16 {
     let below = 10_000.min(ephemeral / 2)..ephemeral;
     loop {
         let port = rand::rng().random_range(below.clone());
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let mut given = GIVEN.lock().expect("never poisoned");
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
             return port;
         }
     }
