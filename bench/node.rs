@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
 use leasehold::crd::{DistributedLock, DistributedLockSpec};
 use leasehold_harness::Node;
-use leasehold_harness::node::apps::{acquirer, container_id, identity};
+use leasehold_harness::node::apps::{acquirer, container_id, identity, session_acquirer};
 use serde_json::json;
 
 use crate::record::{Memory, Panel, Run, Series};
@@ -62,15 +62,22 @@ async fn waiting(locks: &Api<DistributedLock>, lock: &str, who: &str) -> anyhow:
     Ok(())
 }
 
+/// What ends the holder's hold in one handover.
+#[derive(Clone, Copy, PartialEq)]
+enum Act {
+    /// SIGKILL to the app container of a pod that is never restarted.
+    KillApp,
+    /// The holder pod deleted, with its grace period; the app took a plain hold.
+    DeletePod,
+    /// The holder pod deleted, with its grace period; the app's hold is session-bound.
+    DeleteSessionPod,
+}
+
 /// One handover: a holder pod and a waiter pod for a fresh lock; `act` on the holder; the
 /// time from the action to the waiter's grant.
-async fn handover(
-    admin: &kube::Client,
-    namespace: &str,
-    round: usize,
-    kill_app: bool,
-    node: &Node,
-) -> anyhow::Result<f64> {
+async fn handover(admin: &kube::Client, namespace: &str, round: usize, act: Act, node: &Node) -> anyhow::Result<f64> {
+    let kill_app = act == Act::KillApp;
+    let app = if act == Act::DeleteSessionPod { session_acquirer } else { acquirer };
     let lock = format!("failover-{round}");
     let locks: Api<DistributedLock> = Api::namespaced(admin.clone(), namespace);
     locks.create(&PostParams::default(), &DistributedLock::new(&lock, DistributedLockSpec::default())).await?;
@@ -79,10 +86,10 @@ async fn handover(
     let mut grants = GrantLog::start(leases, &lock);
     let restart = if kill_app { "Never" } else { "Always" };
     let (holder, waiter) = (format!("holder-{round}"), format!("waiter-{round}"));
-    pods.create(&PostParams::default(), &acquirer(&holder, &lock, restart)).await?;
+    pods.create(&PostParams::default(), &app(&holder, &lock, restart)).await?;
     wait_pod(&pods, &holder, "Running", running).await?;
     grants.wait_for(1, WAIT).await;
-    pods.create(&PostParams::default(), &acquirer(&waiter, &lock, restart)).await?;
+    pods.create(&PostParams::default(), &app(&waiter, &lock, restart)).await?;
     let waiting_pod = wait_pod(&pods, &waiter, "Running", running).await?;
     waiting(&locks, &lock, &identity(&waiting_pod)).await?;
     let acted = if kill_app {
@@ -158,16 +165,16 @@ pub async fn run(repo: &Path, samples: usize) -> anyhow::Result<Run> {
         json!("held 10 s"),
     )?);
 
-    let mut kills = Vec::new();
-    let mut deletions = Vec::new();
+    let (mut kills, mut deletions, mut session_deletions) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..samples {
-        kills.push(handover(&admin, namespace, 2 * round, true, &node).await?);
-        deletions.push(handover(&admin, namespace, 2 * round + 1, false, &node).await?);
+        kills.push(handover(&admin, namespace, 3 * round, Act::KillApp, &node).await?);
+        deletions.push(handover(&admin, namespace, 3 * round + 1, Act::DeletePod, &node).await?);
+        session_deletions.push(handover(&admin, namespace, 3 * round + 2, Act::DeleteSessionPod, &node).await?);
     }
     for pod in &controllers.items {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let what = format!("node: controller container {name}");
-        let when = json!(format!("after {} failovers on {} locks", 2 * samples, 2 * samples + 1));
+        let when = json!(format!("after {} failovers on {} locks", 3 * samples, 3 * samples + 1));
         r.memory.extend(memory(&node, &container_id(pod, "controller"), &what, when)?);
     }
     let params = json!({"lease_duration_s": 15, "samples": samples, "node": "real (kubelet, containerd)"});
@@ -185,6 +192,14 @@ pub async fn run(repo: &Path, samples: usize) -> anyhow::Result<Run> {
         "Leasehold",
         Panel::Failover,
         deletions,
+        params.clone(),
+    ));
+    r.series.push(Series::new(
+        "leasehold.node.pod_delete_session.failover",
+        "Real pod, session-bound hold: holder pod deleted (grace period; the app exits on SIGTERM, closing its session) → waiter granted",
+        "Leasehold",
+        Panel::Failover,
+        session_deletions,
         params,
     ));
     drop(node);

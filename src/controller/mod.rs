@@ -187,7 +187,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (claims, claim_writer) = reflector::store::<LockClaim>();
     let claim_stream = watcher(scoped::<LockClaim>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        .modify(trim::forget_field_managers)
+        .modify(trim::forget_unread)
         .reflect(claim_writer)
         .inspect(synced.marker("lockclaims"))
         .touched_objects()
@@ -196,7 +196,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        .modify(trim::forget_field_managers)
+        .modify(trim::forget_unread)
         .reflect(pod_writer)
         .inspect(synced.marker("pods"))
         .inspect(rbac::on_pod_event(rbac_tx.clone()))
@@ -205,7 +205,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (requests, request_writer) = reflector::store::<ForceReleaseRequest>();
     let request_stream = watcher(scoped::<ForceReleaseRequest>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        .modify(trim::forget_field_managers)
+        .modify(trim::forget_unread)
         .reflect(request_writer)
         .inspect(synced.marker("forcereleaserequests"))
         .touched_objects()
@@ -213,8 +213,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (locks, lock_writer) = reflector::store();
     let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
-        // Nothing reads field managers ([`trim`]); 10,000 locks' worth is tens of MiB.
-        .modify(trim::forget_field_managers)
+        // Nothing reads field managers or kubectl's applied copy ([`trim`]); 10,000 locks'
+        // worth of field managers is tens of MiB.
+        .modify(trim::forget_unread)
         .reflect(lock_writer)
         .inspect(synced.marker("distributedlocks"))
         .inspect(rbac::on_lock_event(rbac_tx))

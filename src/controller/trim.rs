@@ -6,12 +6,35 @@
 //! every object a watch cache keeps and from every Lease the controller remembers having
 //! written. Writing such a Lease back is unchanged: the apiserver keeps an object's field
 //! managers when an update carries none.
+//!
+//! `kubectl apply` keeps a copy of the whole applied object in an annotation of its own
+//! ([`LAST_APPLIED`]), as large again as what was applied. Nothing here reads it, and the
+//! controller writes locks, claims, Pods and force-release requests only by patch, never
+//! by writing a cached copy back, so that copy is dropped from their caches too. Leases
+//! keep it: the controller replaces them whole, and a Lease written without it would lose
+//! it on the apiserver.
 
 use kube::Resource;
+
+/// The annotation `kubectl apply` keeps its last applied copy of an object in.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Drops `object`'s field managers, with the memory they took.
 pub fn forget_field_managers<K: Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
+}
+
+/// Drops what the controller never reads of an object it only ever patches: its field
+/// managers and `kubectl apply`'s copy of it.
+pub fn forget_unread<K: Resource>(object: &mut K) {
+    forget_field_managers(object);
+    let meta = object.meta_mut();
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,6 +88,29 @@ mod tests {
             let mut trimmed = lease(managed);
             forget_field_managers(&mut trimmed);
             assert_eq!(trimmed, lease(None), "{case}: everything else is kept, the list is gone");
+        }
+    }
+
+    #[test]
+    fn only_field_managers_and_the_applied_copy_are_forgotten() {
+        let with = |annotations: Option<&[(&str, &str)]>, managed| {
+            let mut l = lease(managed);
+            l.metadata.annotations =
+                annotations.map(|a| a.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+            l
+        };
+        let applied = (LAST_APPLIED, r#"{"apiVersion":"leasehold.dev/v1alpha1","kind":"DistributedLock"}"#);
+        let claim = ("leasehold.dev/claim", "c1");
+        let table: [(&str, Option<&[_]>, Option<&[_]>); 4] = [
+            ("the applied copy beside another annotation", Some(&[applied, claim]), Some(&[claim])),
+            ("another annotation only", Some(&[claim]), Some(&[claim])),
+            ("the applied copy only: no empty map is left", Some(&[applied]), None),
+            ("no annotations", None, None),
+        ];
+        for (case, before, after) in table {
+            let mut object = with(before, Some(vec![manager("kubectl-client-side-apply")]));
+            forget_unread(&mut object);
+            assert_eq!(object, with(after, None), "{case}");
         }
     }
 }

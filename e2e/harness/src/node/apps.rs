@@ -19,8 +19,33 @@ while true; do sleep 1; done"#
     )
 }
 
+/// The script of an app whose hold lasts as long as its session: it acquires `lock` with
+/// `"session": true` and keeps the answer's stream open in the background (its first
+/// line, the grant, in `/tmp/session`). On SIGTERM the shell exits at once, the
+/// container's other processes die with it, the stream's connection closes, and the
+/// sidecar lets the hold go without waiting for the kubelet to report the container ended.
+pub fn session_acquirer_script(lock: &str) -> String {
+    format!(
+        r#"trap 'echo terminating; exit 0' TERM
+while true; do
+  wget -q -O /tmp/session --post-data '{{"waitSeconds": 60, "session": true}}' "$LEASEHOLD_URL/v1/locks/{lock}/acquire" &
+  wait $!
+  sleep 1
+done"#
+    )
+}
+
 /// A pod labelled for injection whose app container runs [`acquirer_script`].
 pub fn acquirer(name: &str, lock: &str, restart_policy: &str) -> Pod {
+    app_pod(name, restart_policy, &acquirer_script(lock))
+}
+
+/// A pod labelled for injection whose app container runs [`session_acquirer_script`].
+pub fn session_acquirer(name: &str, lock: &str, restart_policy: &str) -> Pod {
+    app_pod(name, restart_policy, &session_acquirer_script(lock))
+}
+
+fn app_pod(name: &str, restart_policy: &str, script: &str) -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -32,7 +57,7 @@ pub fn acquirer(name: &str, lock: &str, restart_policy: &str) -> Pod {
                 "name": "app",
                 "image": BUSYBOX_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["sh", "-c", acquirer_script(lock)],
+                "command": ["sh", "-c", script],
             }],
         },
     }))
