@@ -2,7 +2,7 @@
 //! deletions it makes (always with a precondition: a claim re-created meanwhile is a new
 //! claim, never deleted on an old judgement).
 
-use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 
 use super::context::{Context, LockKey};
@@ -14,12 +14,11 @@ use crate::lease::{CasStore, Precondition, Timing};
 /// [`Timing::claim_ttl`] of the lock's timing.
 pub fn of_lock(ctx: &Context, key: &LockKey, timing: &Timing) -> Vec<Claim> {
     let cap = timing.claim_ttl();
-    let mut claims: Vec<Claim> = ctx
-        .claims
-        .state()
+    let names = ctx.claim_index.lock().expect("claim index is never poisoned").claims_of(key);
+    let mut claims: Vec<Claim> = names
         .iter()
-        .filter(|c| c.namespace().as_deref() == Some(key.namespace.as_str()))
-        .filter_map(|c| view::claim(c, &key.name, cap))
+        .filter_map(|name| ctx.claims.get(&ObjectRef::new(name).within(&key.namespace)))
+        .filter_map(|c| view::claim(&c, &key.name, cap))
         .collect();
     super::queue::order(&mut claims);
     claims

@@ -192,6 +192,8 @@ pub struct Context {
     pub leases: Store<Lease>,
     /// Cached LockClaims.
     pub claims: Store<LockClaim>,
+    /// The cached LockClaims' names by lock.
+    pub claim_index: Arc<Mutex<super::claim_index::ClaimIndex>>,
     /// Cached ForceReleaseRequests.
     pub requests: Store<ForceReleaseRequest>,
     /// Cached Pod metadata.

@@ -11,6 +11,7 @@
 
 pub mod apply;
 pub mod build;
+pub mod claim_index;
 pub mod claims;
 pub mod clocks;
 pub mod context;
@@ -61,6 +62,7 @@ use crate::lease::election::{Elector, Leadership};
 use crate::lease::{LeaseStore, Timing};
 use crate::metrics::{ControllerMetrics, WebhookMetrics};
 use crate::supervise::Completion;
+use claim_index::ClaimIndex;
 use context::{Context, Settings};
 
 /// `leasehold controller` settings.
@@ -185,10 +187,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .touched_objects()
         .filter(only_objects);
     let (claims, claim_writer) = reflector::store::<LockClaim>();
+    let claim_index = Arc::new(Mutex::new(ClaimIndex::default()));
     let claim_stream = watcher(scoped::<LockClaim>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
         .modify(trim::forget_unread)
         .reflect(claim_writer)
+        // After the cache, before the reconcile the event triggers: that reconcile finds
+        // the claim through the index.
+        .inspect(ClaimIndex::follower(claim_index.clone()))
         .inspect(synced.marker("lockclaims"))
         .touched_objects()
         .filter(only_objects);
@@ -231,6 +237,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         locks: locks.clone(),
         leases: leases.clone(),
         claims: claims.clone(),
+        claim_index,
         pods: pods.clone(),
         requests: requests.clone(),
         metrics: metrics.clone(),
