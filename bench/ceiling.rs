@@ -30,6 +30,7 @@ const LABEL: &str = "leasehold-bench/ceiling";
 pub async fn run(
     env: &Env,
     admin: &kube::Client,
+    meter: &crate::cpu::Meter,
     background: &Writes,
     clients: usize,
     warmup: Duration,
@@ -98,8 +99,8 @@ pub async fn run(
         });
     }
     // Each loop ends after its write in flight.
-    let ((before, start), (after, end)) =
-        crate::observe::window(admin, warmup, window, &stop, &mut tasks, Duration::from_secs(60)).await?;
+    let ((before, start), (after, end), cpu) =
+        crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, Duration::from_secs(60)).await?;
     let selector = format!("{LABEL}={clients}");
     leases
         .delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector))
@@ -125,5 +126,6 @@ pub async fn run(
         apiserver_writes_per_second: counted.total() / seconds,
         breakdown: counted.breakdown(seconds),
         cas_ms: Summary::of(&in_window),
+        cpu,
     })
 }

@@ -68,3 +68,51 @@ impl Tally {
             .collect())
     }
 }
+
+/// Processes whose CPU time is read at both ends of a measuring window.
+#[derive(Clone, Debug, Default)]
+pub struct Meter {
+    processes: Vec<(String, u32)>,
+}
+
+/// CPU time each process spent in one window.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Usage {
+    /// The window, seconds.
+    pub seconds: f64,
+    /// CPUs of the machine.
+    pub cpus: usize,
+    /// (process, CPU seconds in the window).
+    pub processes: Vec<(String, f64)>,
+}
+
+impl Meter {
+    /// A meter of each `(name, pid)`.
+    pub fn new(processes: &[(&str, u32)]) -> Meter {
+        Meter { processes: processes.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect() }
+    }
+
+    /// Each process's CPU time now (a process gone since reads as none).
+    pub fn mark(&self) -> Vec<Option<f64>> {
+        self.processes.iter().map(|(_, pid)| seconds(*pid).ok()).collect()
+    }
+
+    /// The CPU time spent between `before` and `after`, marks taken `seconds` apart.
+    pub fn usage(&self, before: &[Option<f64>], after: &[Option<f64>], seconds: f64) -> Usage {
+        let processes = self
+            .processes
+            .iter()
+            .zip(before.iter().zip(after))
+            .filter_map(|((name, _), (b, a))| Some((name.clone(), (*a)? - (*b)?)))
+            .collect();
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        Usage { seconds, cpus, processes }
+    }
+}
+
+impl Usage {
+    /// Process `name`'s CPU seconds in the window, if it was measured.
+    pub fn of(&self, name: &str) -> Option<f64> {
+        self.processes.iter().find(|(n, _)| n == name).map(|(_, s)| *s)
+    }
+}

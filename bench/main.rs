@@ -202,6 +202,13 @@ async fn bench() -> anyhow::Result<bool> {
         sidecar::app_crash(&env, "appcrash", plan.app_crashes).await
     })
     .await;
+    // Where the CPU goes in each throughput and ceiling window: the control plane's, the
+    // controller's, and this process's (the claimants, or the ceiling's clients).
+    let mut metered = vec![("bench (claimants or clients)", std::process::id())];
+    metered.extend(controller_pid.map(|pid| ("controller", pid)));
+    let children = cp.child_pids();
+    metered.extend(["kube-apiserver", "etcd"].into_iter().filter_map(|c| cpu::find(&children, c).map(|pid| (c, pid))));
+    let meter = cpu::Meter::new(&metered);
     for &locks in &plan.throughput_locks {
         // The apiserver's ceiling first, from as many clients as the run below has (one per
         // lock), for the same warm-up and window: the run's writes are read against it.
@@ -209,7 +216,7 @@ async fn bench() -> anyhow::Result<bool> {
         phase(&mut run, began, &name, async {
             let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
             let mut r = Run::default();
-            r.ceilings.push(ceiling::run(&env, &admin, &background, locks, warmup, window).await?);
+            r.ceilings.push(ceiling::run(&env, &admin, &meter, &background, locks, warmup, window).await?);
             Ok(r)
         })
         .await;
@@ -218,7 +225,8 @@ async fn bench() -> anyhow::Result<bool> {
             let (clients, warmup, window) = (plan.clients_per_lock, plan.throughput_warmup, plan.throughput_window);
             let mut r = Run::default();
             let shape = throughput::Shape::MUTEX;
-            r.throughput.push(throughput::run(&env, &admin, &background, locks, clients, shape, warmup, window).await?);
+            r.throughput
+                .push(throughput::run(&env, &admin, &meter, &background, locks, clients, shape, warmup, window).await?);
             Ok(r)
         })
         .await;
@@ -234,7 +242,8 @@ async fn bench() -> anyhow::Result<bool> {
             let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
             let shape = throughput::Shape { permits, writers };
             let mut r = Run::default();
-            r.throughput.push(throughput::run(&env, &admin, &background, 1, clients, shape, warmup, window).await?);
+            r.throughput
+                .push(throughput::run(&env, &admin, &meter, &background, 1, clients, shape, warmup, window).await?);
             Ok(r)
         })
         .await;

@@ -282,24 +282,28 @@ pub fn mean_interval(changes: &BTreeMap<String, Vec<Instant>>) -> Option<Duratio
 }
 
 /// A measuring window over loops already running in `tasks`: waits `warmup`, scrapes the
-/// apiserver's counters at both ends of `window`, then sets `stop` and gives the loops
-/// `drain` to end (aborting them after that). Returns the two scrapes and when they were taken.
+/// apiserver's counters and reads `meter`'s processes' CPU time at both ends of `window`,
+/// then sets `stop` and gives the loops `drain` to end (aborting them after that). Returns
+/// the two scrapes, when they were taken, and the CPU time spent between them.
 pub async fn window<T: 'static>(
     admin: &kube::Client,
-    warmup: Duration,
-    window: Duration,
+    meter: &crate::cpu::Meter,
+    (warmup, window): (Duration, Duration),
     stop: &std::sync::atomic::AtomicBool,
     tasks: &mut tokio::task::JoinSet<T>,
     drain: Duration,
-) -> anyhow::Result<((Requests, Instant), (Requests, Instant))> {
+) -> anyhow::Result<((Requests, Instant), (Requests, Instant), crate::cpu::Usage)> {
     tokio::time::sleep(warmup).await;
     let before = (scrape(admin).await?, Instant::now());
+    let cpu_before = (meter.mark(), Instant::now());
     tokio::time::sleep(window).await;
+    let cpu_after = (meter.mark(), Instant::now());
     let after = (scrape(admin).await?, Instant::now());
+    let cpu = meter.usage(&cpu_before.0, &cpu_after.0, (cpu_after.1 - cpu_before.1).as_secs_f64());
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await.is_ok();
     if !drained {
         tasks.abort_all();
     }
-    Ok((before, after))
+    Ok((before, after, cpu))
 }

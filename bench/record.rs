@@ -76,6 +76,8 @@ pub struct Throughput {
     pub breakdown: String,
     /// Acquire latency (request to hold, including queueing) in the window.
     pub acquire_ms: Summary,
+    /// CPU time of the apiserver, etcd, the controller and this process in the window.
+    pub cpu: crate::cpu::Usage,
 }
 
 /// The apiserver's write ceiling: raw Lease compare-and-swaps per second from some
@@ -102,6 +104,8 @@ pub struct Ceiling {
     pub breakdown: String,
     /// Latency of one replace under that load.
     pub cas_ms: Summary,
+    /// CPU time of the apiserver, etcd, the controller and this process in the window.
+    pub cpu: crate::cpu::Usage,
 }
 
 /// A count of apiserver writes.

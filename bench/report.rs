@@ -648,6 +648,8 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
         }
     }
 
+    cpu_table(w, run);
+
     for t in run.throughput.iter().filter(|t| !t.error_kinds.is_empty()) {
         let _ = writeln!(
             w,
@@ -730,6 +732,39 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
 
 /// A throughput row's locks, when they are not mutexes: " (10 permits)", " (10 permits,
 /// 3 writing)".
+/// Where the CPU went in each ceiling and throughput window.
+fn cpu_table(w: &mut String, run: &Run) {
+    let Some(cpus) = run.ceilings.iter().map(|c| c.cpu.cpus).chain(run.throughput.iter().map(|t| t.cpu.cpus)).next()
+    else {
+        return;
+    };
+    let _ = writeln!(
+        w,
+        "\n## Where the CPU goes (ceiling and throughput windows)\n\nEach process's CPU time (`utime + stime` of `/proc/<pid>/stat`) in the measuring window, as a percentage of one CPU: this machine has {cpus}, so {} % is all of it. \"bench\" is this process: the throughput run's claimants or the ceiling's clients. \"rest\" is what none of these used: idle, the kernel, the controller-manager, the idle sidecars. The last column is the apiserver's CPU time per grant (throughput) or per successful CAS write (ceiling).\n\n| window | kube-apiserver | etcd | controller | bench | rest | apiserver CPU per grant or write (ms) |\n|---|--:|--:|--:|--:|--:|--:|",
+        cpus * 100
+    );
+    let rows = run.ceilings.iter().map(|c| (format!("ceiling, {} clients", c.clients), &c.cpu, c.writes)).chain(
+        run.throughput
+            .iter()
+            .map(|t| (format!("throughput, {} × {}{}", t.locks, t.clients_per_lock, shape(t)), &t.cpu, t.cycles)),
+    );
+    for (what, cpu, done) in rows {
+        let share = |name: &str| cpu.of(name).map(|s| s * 100.0 / cpu.seconds);
+        let pct = |name: &str| share(name).map_or("—".into(), |p| format!("{p:.0} %"));
+        let used: f64 = cpu.processes.iter().map(|(_, s)| s).sum::<f64>() * 100.0 / cpu.seconds;
+        let per = cpu.of("kube-apiserver").filter(|_| done > 0).map_or("—".into(), |s| num(s * 1000.0 / done as f64));
+        let _ = writeln!(
+            w,
+            "| {what} | {} | {} | {} | {} | {:.0} % | {per} |",
+            pct("kube-apiserver"),
+            pct("etcd"),
+            pct("controller"),
+            pct("bench (claimants or clients)"),
+            (cpus * 100) as f64 - used
+        );
+    }
+}
+
 fn shape(t: &crate::record::Throughput) -> String {
     match (t.permits, t.writers_per_lock) {
         (1, 0) => String::new(),

@@ -57,6 +57,7 @@ impl Shape {
 pub async fn run(
     env: &Env,
     admin: &kube::Client,
+    meter: &crate::cpu::Meter,
     background: &Writes,
     locks: usize,
     clients: usize,
@@ -111,8 +112,8 @@ pub async fn run(
         }
     }
     // Everyone still queued is granted in turn and leaves; give that a bounded time.
-    let ((before, start), (after, end)) =
-        crate::observe::window(admin, warmup, window, &stop, &mut tasks, Duration::from_secs(120)).await?;
+    let ((before, start), (after, end), cpu) =
+        crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, Duration::from_secs(120)).await?;
 
     let inside = |t: &Instant| *t >= start && *t < end;
     let cycles = cycles.lock().expect("not poisoned");
@@ -144,5 +145,6 @@ pub async fn run(
         conflicts_per_cycle: writes.conflicts_total() / n,
         breakdown: net.breakdown(n),
         acquire_ms: Summary::of(&in_window),
+        cpu,
     })
 }
