@@ -22,24 +22,26 @@ pub fn find(pids: &[u32], comm: &str) -> Option<u32> {
 
 /// CPU time of some processes over stretches of a measurement, and the grants made in them.
 pub struct Tally {
-    processes: Vec<(String, u32, f64)>,
+    meter: Meter,
+    /// CPU seconds of each of the meter's processes, summed over the stretches.
+    used: Vec<f64>,
     grants: usize,
 }
 
 impl Tally {
     /// A tally of each `(name, pid)`, empty.
     pub fn new(processes: &[(&str, u32)]) -> Tally {
-        Tally { processes: processes.iter().map(|(n, p)| ((*n).to_owned(), *p, 0.0)).collect(), grants: 0 }
+        Tally { meter: Meter::new(processes), used: vec![0.0; processes.len()], grants: 0 }
     }
 
     /// Each process's CPU time now, to pass to [`Self::add`] at the end of the stretch.
     pub fn mark(&self) -> anyhow::Result<Vec<f64>> {
-        self.processes.iter().map(|(_, pid, _)| seconds(*pid)).collect()
+        self.meter.processes.iter().map(|(_, pid)| seconds(*pid)).collect()
     }
 
     /// Adds the CPU time since `mark` and the `grants` made meanwhile.
     pub fn add(&mut self, mark: &[f64], grants: usize) -> anyhow::Result<()> {
-        for ((_, pid, used), before) in self.processes.iter_mut().zip(mark) {
+        for (((_, pid), used), before) in self.meter.processes.iter().zip(&mut self.used).zip(mark) {
             *used += seconds(*pid)? - before;
         }
         self.grants += grants;
@@ -50,9 +52,11 @@ impl Tally {
     pub fn rows(&self, what: &str) -> anyhow::Result<Vec<WriteCount>> {
         anyhow::ensure!(self.grants > 0, "no grants to divide the CPU time of {what} by");
         Ok(self
+            .meter
             .processes
             .iter()
-            .map(|(name, pid, used)| WriteCount {
+            .zip(&self.used)
+            .map(|((name, pid), used)| WriteCount {
                 what: format!("{name}: CPU seconds per 1,000 grants ({what})"),
                 value: used * 1000.0 / self.grants as f64,
                 unit: "CPU s/1,000 grants".into(),

@@ -730,8 +730,6 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     md
 }
 
-/// A throughput row's locks, when they are not mutexes: " (10 permits)", " (10 permits,
-/// 3 writing)".
 /// Where the CPU went in each ceiling and throughput window.
 fn cpu_table(w: &mut String, run: &Run) {
     let Some(cpus) = run.ceilings.iter().map(|c| c.cpu.cpus).chain(run.throughput.iter().map(|t| t.cpu.cpus)).next()
@@ -765,6 +763,8 @@ fn cpu_table(w: &mut String, run: &Run) {
     }
 }
 
+/// A throughput row's locks, when they are not mutexes: " (10 permits)", " (10 permits,
+/// 3 writing)".
 fn shape(t: &crate::record::Throughput) -> String {
     match (t.permits, t.writers_per_lock) {
         (1, 0) => String::new(),
