@@ -18,7 +18,7 @@ use tracing::warn;
 use super::context::{AppliedStatus, Context, LockKey};
 use super::error::Error;
 use super::plan::{First, LeaseWrite, Plan, RequestUpdate, StatusPlan};
-use super::{claims, finalize, force, lock_lease, record, status};
+use super::{claims, coalesce, finalize, force, lock_lease, record, status};
 use crate::crd::{DistributedLock, ForceReleaseEntry, ForceReleaseRequest, LockClaim, MANAGER_CONTROLLER};
 use crate::lease::{CasStore, LeaseStore};
 
@@ -95,12 +95,14 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
     if let Some((reason, message)) = &plan.announce {
         record::announce(ctx, lock, key, reason, message);
     }
-    if let Some(status) = plan.status {
-        apply_status(t, status, history).await?;
-    }
+    let held_back = match plan.status {
+        Some(status) => apply_status(t, status, history).await?,
+        None => None,
+    };
     cleared?;
     requests?;
-    Ok(plan.recheck.map_or_else(Action::await_change, |d| Action::requeue(d.max(Duration::from_millis(10)))))
+    let recheck = plan.recheck.into_iter().chain(held_back).min();
+    Ok(recheck.map_or_else(Action::await_change, |d| Action::requeue(d.max(Duration::from_millis(10)))))
 }
 
 /// Writes each request's new status; returns the history entries of those that landed,
@@ -134,8 +136,13 @@ async fn write_requests(t: &Target<'_>, updates: &[RequestUpdate]) -> (Vec<Force
 
 /// Applies the status that follows, if it differs from the last one written. What this
 /// reconcile did is kept in memory until a status write succeeds, so a failed status
-/// write loses nothing and counts nothing twice.
-async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleaseEntry>) -> Result<(), Error> {
+/// write loses nothing and counts nothing twice. A change to the waiting queue alone may
+/// be held back a moment ([`coalesce`]): then returns when to look again.
+async fn apply_status(
+    t: &Target<'_>,
+    plan: StatusPlan,
+    history: Vec<ForceReleaseEntry>,
+) -> Result<Option<Duration>, Error> {
     let (ctx, lock, key) = (t.ctx, t.lock, t.key);
     let uid = lock.uid().unwrap_or_default();
     let mut outcome = plan.outcome;
@@ -166,7 +173,13 @@ async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleas
     });
     if desired == previous && lock.status.is_some() {
         ctx.with_memory(key, &uid, |m| m.pending = None);
-        return Ok(());
+        return Ok(None);
+    }
+    let since_written = ctx.with_memory(key, &uid, |m| m.status_written.map(|at| at.elapsed()));
+    let unchanged = outcome == status::Outcome::default();
+    if let Some(wait) = coalesce::hold_back(&previous, &desired, since_written).filter(|_| unchanged) {
+        ctx.with_memory(key, &uid, |m| m.pending = None);
+        return Ok(Some(wait));
     }
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let patch = json!({
@@ -180,7 +193,8 @@ async fn apply_status(t: &Target<'_>, plan: StatusPlan, history: Vec<ForceReleas
     record::status_written(ctx, lock, &previous, &desired, &outcome);
     ctx.with_memory(key, &uid, |m| {
         m.status = Some(AppliedStatus::Written(Box::new(desired)));
+        m.status_written = Some(Instant::now());
         m.pending = None;
     });
-    Ok(())
+    Ok(None)
 }

@@ -139,6 +139,10 @@ pub struct LockMemory {
     pub claims: HashMap<String, ClaimSeen>,
     /// The status last applied (the cache may not show it yet).
     pub status: Option<AppliedStatus>,
+    /// When this process last wrote the lock's status: a change to the waiting queue alone
+    /// may wait a moment after it (see [`super::coalesce`]). Forgetting it only lets the
+    /// next such change be written at once.
+    pub status_written: Option<std::time::Instant>,
     /// Per slot. Boxed: a map node has room for several entries, and a slot's memory
     /// holds a whole Lease.
     pub slots: std::collections::BTreeMap<u32, Box<SlotMemory>>,

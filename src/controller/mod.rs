@@ -14,6 +14,7 @@ pub mod build;
 pub mod claim_index;
 pub mod claims;
 pub mod clocks;
+pub mod coalesce;
 pub mod context;
 pub mod decide;
 pub mod error;

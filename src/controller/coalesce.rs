@@ -1,0 +1,95 @@
+//! Which status writes may wait. On a contended lock most reconciles change nothing in
+//! status but the waiting queue — a claimant that let go queues again at once — and each
+//! such write is a server-side apply, the dearest write the apiserver takes. A change to the
+//! queue alone, made while claimants waited before and still wait, is held back for a
+//! moment after the lock's last status write: the next grant's write carries it, or it is
+//! written once the moment has passed. Everything else — a holder, a token, a counter, a
+//! condition, the queue becoming empty or non-empty — is written at once. Status is never
+//! where a decision is read from, so holding the queue back changes no grant.
+
+use std::time::Duration;
+
+use crate::crd::DistributedLockStatus;
+
+/// How long after the lock's last status write a change to the queue alone may wait.
+pub const QUEUE_SETTLE: Duration = Duration::from_millis(250);
+
+/// How long to hold back writing `desired` over `previous`, the status last written
+/// `since_written` ago (unknown: never held back). `None`: write now.
+pub fn hold_back(
+    previous: &DistributedLockStatus,
+    desired: &DistributedLockStatus,
+    since_written: Option<Duration>,
+) -> Option<Duration> {
+    let remaining = QUEUE_SETTLE.checked_sub(since_written?).filter(|d| !d.is_zero())?;
+    let waiting = previous.queue_length > 0 && desired.queue_length > 0;
+    let queue_only = || {
+        let queue = (previous.waiters.clone(), previous.queue_length);
+        DistributedLockStatus { waiters: queue.0, queue_length: queue.1, ..desired.clone() } == *previous
+    };
+    (waiting && queue_only()).then_some(remaining)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{HolderStatus, WaiterStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn waiter(id: &str) -> WaiterStatus {
+        WaiterStatus { identity: id.into(), pod: None, mode: None, since: Time(jiff::Timestamp::UNIX_EPOCH) }
+    }
+
+    fn status(holder: &str, token: i64, waiters: &[&str]) -> DistributedLockStatus {
+        let holder = HolderStatus {
+            identity: holder.into(),
+            slot: 0,
+            mode: None,
+            pod: None,
+            fencing_token: token,
+            acquired_at: Time(jiff::Timestamp::UNIX_EPOCH),
+            renewed_at: None,
+            expires_at: None,
+            waited_seconds: 0.0,
+        };
+        DistributedLockStatus {
+            holder: Some(holder.clone()),
+            holders: vec![holder],
+            fencing_token: Some(token),
+            waiters: waiters.iter().map(|w| waiter(w)).collect(),
+            queue_length: i32::try_from(waiters.len()).unwrap_or(i32::MAX),
+            ..DistributedLockStatus::default()
+        }
+    }
+
+    #[test]
+    fn only_a_change_within_a_waiting_queue_waits_and_only_for_the_rest_of_the_settle() {
+        let before = status("a", 5, &["b", "c"]);
+        let counted = DistributedLockStatus {
+            stats: crate::crd::LockStats { grants: 1, ..Default::default() },
+            ..status("a", 5, &["b", "c", "d"])
+        };
+        let table: Vec<(&str, DistributedLockStatus, Option<Duration>, Option<Duration>)> = vec![
+            ("a waiter joins a waiting queue", status("a", 5, &["b", "c", "d"]), Some(100 * MS), Some(150 * MS)),
+            ("a waiter leaves a waiting queue", status("a", 5, &["c"]), Some(Duration::ZERO), Some(QUEUE_SETTLE)),
+            ("the queue reorders", status("a", 5, &["c", "b"]), Some(249 * MS), Some(MS)),
+            ("the settle has passed", status("a", 5, &["b", "c", "d"]), Some(QUEUE_SETTLE), None),
+            ("the last write is unknown", status("a", 5, &["b", "c", "d"]), None, None),
+            ("the queue empties", status("a", 5, &[]), Some(10 * MS), None),
+            ("a new holder", status("b", 6, &["c"]), Some(10 * MS), None),
+            ("the same holder, a new token", status("a", 6, &["b", "c"]), Some(10 * MS), None),
+            ("a counter with the queue", counted, Some(10 * MS), None),
+        ];
+        for (case, desired, since, want) in table {
+            assert_eq!(hold_back(&before, &desired, since), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn the_first_waiter_is_written_at_once() {
+        let free_queue = status("a", 5, &[]);
+        assert_eq!(hold_back(&free_queue, &status("a", 5, &["b"]), Some(MS)), None);
+    }
+}
