@@ -25,6 +25,9 @@ pub struct Settings {
     pub confirm_timeout: Duration,
     /// Grant sidecar permissions per namespace from each lock's `spec.clients`.
     pub manage_rbac: bool,
+    /// Bytes of lock Lease names the client Role holds before they are spread over Lease
+    /// Roles.
+    pub client_role_lease_bytes: usize,
     /// Approvals a force release needs when a lock does not say
     /// (`spec.forceRelease.approvals`).
     pub force_release_approvals: u32,

@@ -76,8 +76,10 @@ pub enum Error {
         after: std::time::Duration,
     },
     /// Preparing a namespace's RBAC for claimants failed.
-    #[error("failed to apply {kind} {namespace}/{name}: {source}")]
+    #[error("failed to {verb} {kind} {namespace}/{name}: {source}")]
     Rbac {
+        /// What was done: apply, read or delete.
+        verb: &'static str,
         /// Role or RoleBinding.
         kind: &'static str,
         /// Namespace.

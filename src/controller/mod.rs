@@ -103,6 +103,12 @@ pub struct Config {
     /// Prepare claimant RBAC (Role and RoleBinding `leasehold-client`) in namespaces with locks.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub manage_rbac: bool,
+    /// Bytes of lock Lease names (about two more per name for their encoding) the client
+    /// Role holds; past them the names are spread over 16 Roles `leasehold-client-leases-N`
+    /// bound to the same clients. etcd refuses an object over its request limit
+    /// (`--max-request-bytes`, 1.5 MiB by default), and the Role holds other rules too.
+    #[arg(long, default_value_t = rbac::shards::DEFAULT_BUDGET, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_048_576))]
+    pub client_role_lease_bytes: usize,
     /// Approvals (by people other than the requester) a force release needs on a lock
     /// whose `spec.forceRelease.approvals` is unset; 0 keeps the one-step
     /// `leasehold.dev/force-release` annotation. The chart sets 1.
@@ -246,6 +252,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         settings: Settings {
             confirm_timeout: config.confirm_timeout,
             manage_rbac: config.manage_rbac,
+            client_role_lease_bytes: config.client_role_lease_bytes,
             force_release_approvals: config.force_release_approvals,
             owner,
         },

@@ -10,7 +10,8 @@
 //! - Leases: get, list, watch, update — only the namespace's lock Leases, by
 //!   `resourceNames` (a list or watch with the field selector `metadata.name=<lock>` is
 //!   authorized by name). Other Leases of the namespace (other apps' leader elections) are
-//!   out of a client's reach.
+//!   out of a client's reach. Names too many for one Role are spread over Lease Roles of
+//!   their own, bound to the same clients ([`shards`]).
 //! - Pods: get, list, watch — only the namespace's Pods that run the sidecar (labelled
 //!   `leasehold.dev/inject: "true"`), by `resourceNames`: each sidecar reads its own Pod's
 //!   container statuses (a list and watch by name) to release holds of an app container
@@ -37,7 +38,7 @@ use std::time::Duration;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -48,8 +49,10 @@ use super::error::Error;
 use crate::crd::{DistributedLock, LABEL_INJECT, MANAGED_LABELS, MANAGER_CONTROLLER};
 
 pub mod applied;
+pub mod shards;
 
 use applied::Applied;
+use shards::Layout;
 
 /// Name of the Role and RoleBinding in each namespace.
 pub const CLIENT_ROLE: &str = "leasehold-client";
@@ -97,9 +100,9 @@ pub fn runs_sidecar(labels: &std::collections::BTreeMap<String, String>) -> bool
     labels.get(LABEL_INJECT).is_some_and(|v| v == "true")
 }
 
-fn metadata(namespace: &str, owner: Option<&OwnerReference>) -> ObjectMeta {
+fn metadata(name: &str, namespace: &str, owner: Option<&OwnerReference>) -> ObjectMeta {
     ObjectMeta {
-        name: Some(CLIENT_ROLE.into()),
+        name: Some(name.into()),
         namespace: Some(namespace.into()),
         labels: Some(MANAGED_LABELS.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
         owner_references: owner.map(|o| vec![o.clone()]),
@@ -107,38 +110,55 @@ fn metadata(namespace: &str, owner: Option<&OwnerReference>) -> ObjectMeta {
     }
 }
 
-/// The Role granted to claimants of `namespace`, whose lock Leases are `leases` and whose
-/// Pods with the sidecar are `pods`, owned by `owner`.
+fn rule(group: &str, resource: &str, verbs: &[&str], names: Option<&BTreeSet<String>>) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(vec![resource.into()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        resource_names: names.map(|n| n.iter().cloned().collect()),
+        ..PolicyRule::default()
+    }
+}
+
+/// The rule reaching Leases `leases` by name; none for no names (an empty `resourceNames`
+/// would mean every Lease).
+fn lease_rule(leases: &BTreeSet<String>) -> Option<PolicyRule> {
+    (!leases.is_empty())
+        .then(|| rule("coordination.k8s.io", "leases", &["get", "list", "watch", "update"], Some(leases)))
+}
+
+/// The Role granted to claimants of `namespace`, whose lock Leases are `leases` (none when
+/// they are spread over Lease Roles, [`shards`]) and whose Pods with the sidecar are
+/// `pods`, owned by `owner`.
 pub fn role(
     namespace: &str,
     leases: &BTreeSet<String>,
     pods: &BTreeSet<String>,
     owner: Option<&OwnerReference>,
 ) -> Role {
-    let rule = |group: &str, resource: &str, verbs: &[&str], names: Option<&BTreeSet<String>>| PolicyRule {
-        api_groups: Some(vec![group.into()]),
-        resources: Some(vec![resource.into()]),
-        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-        resource_names: names.map(|n| n.iter().cloned().collect()),
-        ..PolicyRule::default()
-    };
     let mut rules = vec![
         rule("leasehold.dev", "lockclaims", &["create", "get", "list", "watch", "update", "patch", "delete"], None),
         rule("leasehold.dev", "distributedlocks", &["get", "list", "watch"], None),
     ];
-    // An empty `resourceNames` would mean every Lease: no names, no rule.
-    if !leases.is_empty() {
-        rules.push(rule("coordination.k8s.io", "leases", &["get", "list", "watch", "update"], Some(leases)));
-    }
-    // Likewise for Pods.
+    rules.extend(lease_rule(leases));
+    // An empty `resourceNames` would mean every Pod: no names, no rule.
     if !pods.is_empty() {
         rules.push(rule("", "pods", &["get", "list", "watch"], Some(pods)));
     }
-    Role { metadata: metadata(namespace, owner), rules: Some(rules) }
+    Role { metadata: metadata(CLIENT_ROLE, namespace, owner), rules: Some(rules) }
 }
 
-/// The RoleBinding of `clients` to the Role, owned by `owner`.
-pub fn binding(namespace: &str, clients: &Clients, owner: Option<&OwnerReference>) -> RoleBinding {
+/// Lease Role `index` of `namespace`: its share `leases` of the lock Leases, and nothing
+/// else.
+pub fn lease_role(namespace: &str, index: usize, leases: &BTreeSet<String>, owner: Option<&OwnerReference>) -> Role {
+    Role {
+        metadata: metadata(&shards::name(index), namespace, owner),
+        rules: Some(lease_rule(leases).into_iter().collect()),
+    }
+}
+
+/// The RoleBinding of `clients` to Role `role` (named like it), owned by `owner`.
+pub fn binding(namespace: &str, role: &str, clients: &Clients, owner: Option<&OwnerReference>) -> RoleBinding {
     let subjects = match clients {
         Clients::All => vec![Subject {
             kind: "Group".into(),
@@ -157,11 +177,11 @@ pub fn binding(namespace: &str, clients: &Clients, owner: Option<&OwnerReference
             .collect(),
     };
     RoleBinding {
-        metadata: metadata(namespace, owner),
+        metadata: metadata(role, namespace, owner),
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
-            name: CLIENT_ROLE.into(),
+            name: role.into(),
         },
         subjects: Some(subjects),
     }
@@ -215,21 +235,99 @@ async fn apply(ctx: &Context, namespace: &str, known: &mut Applied) -> Result<()
         known.record(fingerprint, locks.iter().map(|l| l.as_ref()));
         return Ok(());
     }
-    let err = |kind, source| Error::Rbac { kind, namespace: namespace.into(), name: CLIENT_ROLE.into(), source };
-    let params = PatchParams::apply(MANAGER_CONTROLLER).force();
     let owner = ctx.settings.owner.as_ref();
-    let role = role(namespace, &grant.leases, &grant.pods, owner);
+    let bound = |role: &str| grant.clients.as_ref().map(|clients| binding(namespace, role, clients, owner));
+    let layout = shards::layout(&grant.leases, ctx.settings.client_role_lease_bytes);
+    let spread = matches!(layout, Layout::Spread(_));
+    match layout {
+        // Every name reaches its Lease Role before it leaves the client Role: Lease Roles
+        // first, Lease Role 0 first of all (it marks that there are any).
+        Layout::Spread(by_role) => {
+            known.spread = Some(true);
+            for (index, leases) in by_role.iter().enumerate() {
+                let name = shards::name(index);
+                write(ctx, namespace, known, lease_role(namespace, index, leases, owner), bound(&name)).await?;
+            }
+            write(ctx, namespace, known, role(namespace, &BTreeSet::new(), &grant.pods, owner), bound(CLIENT_ROLE))
+                .await?;
+        }
+        // And back: the client Role names them all before any Lease Role goes.
+        Layout::Together => {
+            write(ctx, namespace, known, role(namespace, &grant.leases, &grant.pods, owner), bound(CLIENT_ROLE))
+                .await?;
+            remove_lease_roles(ctx, namespace, known).await?;
+        }
+    }
+    info!(namespace, leases = grant.leases.len(), spread, pods = grant.pods.len(), clients = ?grant.clients, "client RBAC applied");
+    known.record(fingerprint, locks.iter().map(|l| l.as_ref()));
+    Ok(())
+}
+
+/// Applies `role` and its `binding` (none: leave the binding as it is) unless they are what
+/// was last applied to them.
+async fn write(
+    ctx: &Context,
+    namespace: &str,
+    known: &mut Applied,
+    role: Role,
+    binding: Option<RoleBinding>,
+) -> Result<(), Error> {
+    let name = role.metadata.name.clone().unwrap_or_default();
+    let print = applied::print(&(&role, &binding));
+    if known.is_current(&name, print) {
+        return Ok(());
+    }
+    let err =
+        |kind, source| Error::Rbac { verb: "apply", kind, namespace: namespace.into(), name: name.clone(), source };
+    let params = PatchParams::apply(MANAGER_CONTROLLER).force();
     let body = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": role.metadata, "rules": role.rules});
     let roles: Api<Role> = Api::namespaced(ctx.client.clone(), namespace);
-    roles.patch(CLIENT_ROLE, &params, &Patch::Apply(body)).await.map_err(|e| err("Role", e))?;
-    if let Some(clients) = &grant.clients {
-        let binding = binding(namespace, clients, owner);
+    roles.patch(&name, &params, &Patch::Apply(body)).await.map_err(|e| err("Role", e))?;
+    if let Some(binding) = binding {
         let body = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": binding.metadata, "roleRef": binding.role_ref, "subjects": binding.subjects});
         let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), namespace);
-        bindings.patch(CLIENT_ROLE, &params, &Patch::Apply(body)).await.map_err(|e| err("RoleBinding", e))?;
+        bindings.patch(&name, &params, &Patch::Apply(body)).await.map_err(|e| err("RoleBinding", e))?;
     }
-    info!(namespace, leases = grant.leases.len(), pods = grant.pods.len(), clients = ?grant.clients, "client RBAC applied");
-    known.record(fingerprint, locks.iter().map(|l| l.as_ref()));
+    known.wrote(name, print);
+    Ok(())
+}
+
+/// `result` of a delete, with the object already gone counted as done.
+fn gone<T>(result: kube::Result<T>) -> kube::Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Deletes the Lease Roles of `namespace` and their bindings, if there may be any: when
+/// this process does not know, Lease Role 0 tells (the first written, the last deleted).
+async fn remove_lease_roles(ctx: &Context, namespace: &str, known: &mut Applied) -> Result<(), Error> {
+    let err = |verb, kind, name: &str, source| Error::Rbac {
+        verb,
+        kind,
+        namespace: namespace.into(),
+        name: name.into(),
+        source,
+    };
+    let roles: Api<Role> = Api::namespaced(ctx.client.clone(), namespace);
+    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), namespace);
+    if known.spread.is_none() {
+        let first = shards::name(0);
+        let found = roles.get_opt(&first).await.map_err(|e| err("read", "Role", &first, e))?;
+        known.spread = Some(found.is_some());
+    }
+    if known.spread == Some(false) {
+        return Ok(());
+    }
+    for name in shards::names().collect::<Vec<_>>().into_iter().rev() {
+        gone(bindings.delete(&name, &DeleteParams::default()).await)
+            .map_err(|e| err("delete", "RoleBinding", &name, e))?;
+        gone(roles.delete(&name, &DeleteParams::default()).await).map_err(|e| err("delete", "Role", &name, e))?;
+        known.forget(&name);
+    }
+    known.spread = Some(false);
+    info!(namespace, "lease roles removed: the client Role names every lock Lease again");
     Ok(())
 }
 
@@ -470,6 +568,22 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_role_reaches_only_its_share_of_the_lock_leases_and_its_binding_names_it() {
+        let role = lease_role("shop", 3, &names(&["orders", "stock"]), None);
+        assert_eq!(role.metadata.name.as_deref(), Some("leasehold-client-leases-3"));
+        let rules = role.rules.expect("rules");
+        assert_eq!(rules.len(), 1, "the Lease rule alone: {rules:?}");
+        assert_eq!(rules[0].resources, Some(vec!["leases".into()]));
+        assert_eq!(rules[0].resource_names, Some(vec!["orders".into(), "stock".into()]));
+        assert_eq!(rules[0].verbs, ["get", "list", "watch", "update"]);
+        // A Lease Role with no names has no rule (an empty `resourceNames` is every Lease).
+        assert_eq!(lease_role("shop", 0, &BTreeSet::new(), None).rules, Some(vec![]));
+        let bound = binding("shop", "leasehold-client-leases-3", &Clients::All, None);
+        assert_eq!(bound.metadata.name.as_deref(), Some("leasehold-client-leases-3"));
+        assert_eq!((bound.role_ref.kind.as_str(), bound.role_ref.name.as_str()), ("Role", "leasehold-client-leases-3"));
+    }
+
+    #[test]
     fn pods_with_the_sidecar_are_those_opted_in() {
         let labels = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         assert!(runs_sidecar(&labels(&[(LABEL_INJECT, "true"), ("app", "web")])));
@@ -518,19 +632,20 @@ mod tests {
         let owner = owner_reference("leasehold-controller", "0d1f5f0e-1111-2222-3333-444455556666");
         for owner in [None, Some(&owner)] {
             let role = role("shop", &names(&["a"]), &BTreeSet::new(), owner);
-            let binding = binding("shop", &Clients::All, owner);
-            assert_eq!(role.metadata.labels, Some(expected.clone()));
-            assert_eq!(binding.metadata.labels, Some(expected.clone()));
-            assert_eq!(role.metadata.owner_references, owner.map(|o| vec![o.clone()]));
-            assert_eq!(binding.metadata.owner_references, owner.map(|o| vec![o.clone()]));
+            let lease_role = lease_role("shop", 1, &names(&["a"]), owner);
+            let binding = binding("shop", CLIENT_ROLE, &Clients::All, owner);
+            for meta in [&role.metadata, &lease_role.metadata, &binding.metadata] {
+                assert_eq!(meta.labels, Some(expected.clone()));
+                assert_eq!(meta.owner_references, owner.map(|o| vec![o.clone()]));
+            }
         }
     }
 
     #[test]
     fn binding_subjects() {
-        let all = binding("shop", &Clients::All, None);
+        let all = binding("shop", CLIENT_ROLE, &Clients::All, None);
         assert_eq!(all.subjects.expect("subjects")[0].name, "system:serviceaccounts:shop");
-        let named = binding("shop", &Clients::Named(["worker".into()].into()), None);
+        let named = binding("shop", CLIENT_ROLE, &Clients::Named(["worker".into()].into()), None);
         let s = &named.subjects.expect("subjects")[0];
         assert_eq!(
             (s.kind.as_str(), s.name.as_str(), s.namespace.as_deref()),

@@ -1,7 +1,8 @@
 //! Client RBAC on the real apiserver: the `leasehold-client` Role reaches the namespace's
 //! lock Leases by name and nothing else of its Leases, follows the locks, its binding
-//! follows their clients, and everything the controller creates in an app namespace is
-//! labelled as Leasehold's.
+//! follows their clients, names too many to hold are spread over Lease Roles and gathered
+//! again, and everything the controller creates in an app namespace is labelled as
+//! Leasehold's.
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -9,13 +10,14 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use leasehold::controller::rbac::CLIENT_ROLE;
+use leasehold::controller::rbac::shards::{self, SHARDS};
 use leasehold::crd::{DistributedLockSpec, MANAGED_LABELS};
 use serde_json::json;
 use std::collections::BTreeMap;
 
 use super::{LOCK, WAIT};
 use crate::support::Env;
-use crate::support::watch::until;
+use crate::support::watch::{until, until_gone};
 
 /// The code of the apiserver's refusal of `result`; panics if it was allowed.
 fn refusal_code(result: kube::Result<impl std::fmt::Debug>) -> u16 {
@@ -130,6 +132,85 @@ async fn the_client_binding_follows_each_change_of_a_locks_clients() {
     until(&bindings, CLIENT_ROLE, WAIT, "every ServiceAccount bound", bound(everyone)).await;
     patch(clients(&["web"])).await;
     until(&bindings, CLIENT_ROLE, WAIT, "back to web alone", bound(accounts(&["web"]))).await;
+}
+
+/// The Lease names of every Lease Role, by index (`None`: that Role does not exist).
+async fn lease_roles(roles: &Api<Role>) -> Vec<Option<Vec<String>>> {
+    let mut found = Vec::new();
+    for name in shards::names() {
+        let role = roles.get_opt(&name).await.expect("read a Lease Role");
+        found.push(role.map(|r| lease_names(&r).unwrap_or_default()));
+    }
+    found
+}
+
+#[tokio::test]
+async fn past_the_budget_lock_leases_are_spread_over_lease_roles_and_gathered_again_once_they_fit() {
+    let env = Env::new("adm-rbac-spread").await;
+    // "orders" and "stock" take 8 and 7 bytes of a Role: one fits in 12, both do not.
+    let mut controller = env.controller(&["--leader-elect=false", "--client-role-lease-bytes=12"]).await;
+    let roles: Api<Role> = Api::namespaced(env.ns.client.clone(), env.name());
+    let bindings: Api<RoleBinding> = Api::namespaced(env.ns.client.clone(), env.name());
+    let names =
+        |expected: &'static [&'static str]| move |role: &Role| lease_names(role).is_some_and(|names| names == expected);
+    let spread = |role: &Role| lease_names(role).is_none();
+
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    until(&roles, CLIENT_ROLE, WAIT, "the client Role naming the lock Lease", names(&[LOCK])).await;
+    assert_eq!(lease_roles(&roles).await, vec![None; SHARDS], "no Lease Roles while the names fit");
+
+    // Past the budget: the Lease Roles are written before the client Role lets go.
+    env.lock("stock", DistributedLockSpec::default()).await;
+    until(&roles, CLIENT_ROLE, WAIT, "no Lease rule in the client Role", spread).await;
+    let by_role = |index: usize| [LOCK, "stock"].into_iter().filter(move |n| shards::of(n) == index).map(String::from);
+    let expected: Vec<Option<Vec<String>>> = (0..SHARDS).map(|index| Some(by_role(index).collect())).collect();
+    assert_eq!(lease_roles(&roles).await, expected, "each name in its Lease Role, and only there");
+    let clients = subjects(&bindings.get(CLIENT_ROLE).await.expect("the client RoleBinding"));
+    for name in shards::names() {
+        let binding = bindings.get(&name).await.expect("a RoleBinding per Lease Role");
+        assert_eq!(binding.role_ref.name, name);
+        assert_eq!(subjects(&binding), clients, "{name} binds the clients of the client Role");
+    }
+
+    // A client reaches both lock Leases through them, holds a lock, and reaches nothing else.
+    let a = env.pod("a").await;
+    env.wait_claim_rbac(&a).await;
+    until(&env.leases(), "stock", WAIT, "the second lock Lease", |_| true).await;
+    let as_a: Api<Lease> = Api::namespaced(a.client.clone(), env.name());
+    for lease in [LOCK, "stock"] {
+        as_a.get(lease).await.unwrap_or_else(|e| panic!("a reads lock Lease {lease}: {e}"));
+    }
+    let theirs: Lease = serde_json::from_value(json!({"metadata": {"name": "app-leader"},
+        "spec": {"holderIdentity": "app-0", "leaseDurationSeconds": 15}}))
+    .expect("a Lease");
+    env.leases().create(&PostParams::default(), &theirs).await.expect("another app's Lease");
+    assert_eq!(refusal_code(as_a.get("app-leader").await), 403, "another app's Lease");
+    for lock in [LOCK, "stock"] {
+        let hold =
+            a.claimant(env.name()).acquire(lock, WAIT).await.unwrap_or_else(|e| panic!("a acquires {lock}: {e}"));
+        hold.release().await;
+    }
+
+    // Back within the budget: the client Role names the lock Lease before the Lease Roles go.
+    env.locks().delete("stock", &DeleteParams::default()).await.expect("delete a lock");
+    until(&roles, CLIENT_ROLE, WAIT, "the client Role naming the lock Lease again", names(&[LOCK])).await;
+    for name in shards::names() {
+        until_gone(&roles, &name, WAIT, "a Lease Role").await;
+        until_gone(&bindings, &name, WAIT, "a Lease Role's binding").await;
+    }
+
+    // Spread again; then a controller with a larger budget, which has never seen them,
+    // finds the Lease Roles its predecessor left and removes them.
+    env.lock("stock", DistributedLockSpec::default()).await;
+    until(&roles, CLIENT_ROLE, WAIT, "no Lease rule in the client Role again", spread).await;
+    assert!(lease_roles(&roles).await.iter().all(Option::is_some), "all Lease Roles written");
+    controller.kill();
+    let _controller = env.controller(&["--leader-elect=false", "--client-role-lease-bytes=15"]).await;
+    until(&roles, CLIENT_ROLE, WAIT, "both lock Leases in the client Role", names(&[LOCK, "stock"])).await;
+    for name in shards::names() {
+        until_gone(&roles, &name, WAIT, "a Lease Role left by the last controller").await;
+        until_gone(&bindings, &name, WAIT, "its binding").await;
+    }
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! chart's own ServiceAccount (bound to a Pod made from the chart's pod template, as a
 //! ReplicaSet would make it), started with the template's own arguments, and passes the
 //! lifecycle scenario, serves the webhooks, and prepares namespaces so that app sidecars
-//! can claim — with one rule fewer, it is Forbidden.
+//! can claim, also through Lease Roles — with one rule fewer, it is Forbidden.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,9 +17,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use leasehold::controller::rbac::{CLIENT_ROLE, shards};
 use leasehold::crd::{DistributedLock, DistributedLockSpec};
 use leasehold_harness::TestNamespace;
 use serde_json::json;
@@ -27,6 +28,7 @@ use serde_json::json;
 use super::cluster::ChartCluster;
 use super::helm::NAMESPACE;
 use crate::support::lifecycle::{LOCK, Stage, lifecycle, poll, wait_for};
+use crate::support::watch::until_gone;
 use crate::support::{LeaseholdProcess, free_port, leasehold_bin};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -62,6 +64,11 @@ impl ChartController {
     /// created from the chart's template in the release namespace (which enforces the
     /// `restricted` Pod Security Standard). `ns` only lends its kubeconfig writer.
     pub(super) async fn start(cluster: &ChartCluster, ns: &TestNamespace) -> ChartController {
+        ChartController::start_with(cluster, ns, &[]).await
+    }
+
+    /// [`ChartController::start`], with `extra` arguments after the template's.
+    pub(super) async fn start_with(cluster: &ChartCluster, ns: &TestNamespace, extra: &[&str]) -> ChartController {
         let deployment = Api::<Deployment>::namespaced(cluster.admin.clone(), NAMESPACE)
             .get(CONTROLLER)
             .await
@@ -125,6 +132,7 @@ impl ChartController {
         let mut command = Command::new(leasehold_bin());
         command
             .args(&args)
+            .args(extra)
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAME", pod.metadata.name.as_deref().expect("name"))
             .env("POD_NAMESPACE", NAMESPACE)
@@ -256,6 +264,62 @@ async fn the_charts_rbac_suffices_for_the_controller_its_webhooks_and_app_sideca
     }
     config_maps.create(&PostParams::default(), &fenced(current)).await.expect("the current token is admitted");
 
+    let log = controller.log();
+    assert!(!log.to_lowercase().contains("forbidden"), "the controller was refused something:\n{log}");
+}
+
+#[tokio::test]
+async fn the_charts_rbac_suffices_to_spread_lock_leases_over_lease_roles_and_to_remove_them() {
+    let cluster = ChartCluster::start().await;
+    cluster.install(&[]).await;
+    // The chart names exactly the Lease Roles the controller writes and deletes.
+    let cluster_role = Api::<ClusterRole>::all(cluster.admin.clone()).get(CONTROLLER).await.expect("ClusterRole");
+    let deletable = cluster_role
+        .rules
+        .iter()
+        .flatten()
+        .find(|r| {
+            r.resources.as_ref().is_some_and(|r| r.iter().any(|r| r == "roles"))
+                && r.verbs.iter().any(|v| v == "delete")
+        })
+        .and_then(|r| r.resource_names.clone())
+        .expect("a rule deleting Roles by name");
+    assert_eq!(deletable, shards::names().collect::<Vec<_>>());
+
+    // A budget of one byte: every lock Lease goes to its Lease Role.
+    let app = cluster.cp.namespace("spread").await;
+    let stage = Stage { cp: &cluster.cp, ns: &app };
+    let controller = ChartController::start_with(&cluster, &app, &["--client-role-lease-bytes=1"]).await;
+    let lock = DistributedLock::new("jobs", DistributedLockSpec::default());
+    stage.locks().create(&PostParams::default(), &lock).await.expect("a lock");
+    let roles = Api::<Role>::namespaced(cluster.admin.clone(), &app.name);
+    let home = shards::name(shards::of("jobs"));
+    wait_for(&roles, CLIENT_ROLE, WAIT, "the client Role, with no Lease rule", |r: &Role| {
+        !r.rules.iter().flatten().any(|r| r.resources.as_ref().is_some_and(|r| r.iter().any(|r| r == "leases")))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\ncontroller log:\n{}", controller.log()));
+    let in_home = roles.get(&home).await.expect("the lock Lease's Role");
+    let named: Vec<_> = in_home.rules.iter().flatten().filter_map(|r| r.resource_names.clone()).flatten().collect();
+    assert_eq!(named, ["jobs"], "{home}");
+
+    // An app sidecar holds the lock through it.
+    let worker = stage.pod("worker").await;
+    poll(WAIT, "the worker allowed to claim", || async { stage.may_claim(&worker).await.map(|ok| ok.then_some(())) })
+        .await
+        .expect("the controller prepares the namespace");
+    let sidecar = stage.sidecar(&worker, &[]).await;
+    let (status, body) = sidecar.acquire("jobs", 20.0).await;
+    assert_eq!(status, 200, "acquired through a Lease Role: {body}");
+    assert_eq!(sidecar.release("jobs").await.0, 200);
+
+    // The last lock gone, the Lease Roles and their bindings go too.
+    stage.locks().delete("jobs", &DeleteParams::default()).await.expect("delete the lock");
+    let bindings = Api::<RoleBinding>::namespaced(cluster.admin.clone(), &app.name);
+    for name in shards::names() {
+        until_gone(&roles, &name, WAIT, "a Lease Role").await;
+        until_gone(&bindings, &name, WAIT, "a Lease Role's binding").await;
+    }
     let log = controller.log();
     assert!(!log.to_lowercase().contains("forbidden"), "the controller was refused something:\n{log}");
 }

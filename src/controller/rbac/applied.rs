@@ -43,6 +43,20 @@ pub struct Applied {
     pub fingerprint: Option<String>,
     /// Each lock's share (by name) as the grant applied counted it.
     shares: HashMap<String, Share>,
+    /// Per Role of ours (by name), a [`print`] of it and its binding as last applied: a
+    /// change of the grant rewrites only the Roles it changes.
+    written: HashMap<String, u64>,
+    /// Whether the namespace may have Lease Roles: `None` until this process looked.
+    pub spread: Option<bool>,
+}
+
+/// A hash of `objects` as they would be written (their `Debug` form), for this process to
+/// tell whether they changed.
+pub fn print(objects: &impl std::fmt::Debug) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    format!("{objects:?}").hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Applied {
@@ -50,6 +64,21 @@ impl Applied {
     pub fn record<'a>(&mut self, fingerprint: String, locks: impl IntoIterator<Item = &'a DistributedLock>) {
         self.fingerprint = Some(fingerprint);
         self.shares = locks.into_iter().map(|l| (l.name_any(), share(l))).collect();
+    }
+
+    /// Whether Role `role` and its binding were last applied as `print` shows them.
+    pub fn is_current(&self, role: &str, print: u64) -> bool {
+        self.written.get(role) == Some(&print)
+    }
+
+    /// Records that Role `role` and its binding were applied as `print` shows them.
+    pub fn wrote(&mut self, role: String, print: u64) {
+        self.written.insert(role, print);
+    }
+
+    /// Forgets Role `role` (deleted).
+    pub fn forget(&mut self, role: &str) {
+        self.written.remove(role);
     }
 
     /// Whether the grant applied counted `lock` as it is now.
