@@ -148,13 +148,14 @@ async fn apply_status(
     let mut outcome = plan.outcome;
     outcome.history.extend(history);
     let cached = ctx.locks.get(&ObjectRef::from_obj(lock));
-    let (remembered, outcome) = ctx.with_memory(key, &uid, |m| {
+    let (remembered, outcome, since_written) = ctx.with_memory(key, &uid, |m| {
         let merged = status::merge(m.pending.take(), outcome);
         m.pending = Some(merged.clone());
         if let (Some(applied), Some(cached)) = (m.status.as_mut(), &cached) {
             applied.share(cached);
         }
-        (m.status.as_ref().and_then(AppliedStatus::status).cloned(), merged)
+        let since_written = m.status_written.map(|at| at.elapsed());
+        (m.status.as_ref().and_then(AppliedStatus::status).cloned(), merged, since_written)
     });
     let previous = remembered.or_else(|| lock.status.clone()).unwrap_or_default();
     let waiters: Vec<_> = plan.waiters.iter().collect();
@@ -175,9 +176,9 @@ async fn apply_status(
         ctx.with_memory(key, &uid, |m| m.pending = None);
         return Ok(None);
     }
-    let since_written = ctx.with_memory(key, &uid, |m| m.status_written.map(|at| at.elapsed()));
-    let unchanged = outcome == status::Outcome::default();
-    if let Some(wait) = coalesce::hold_back(&previous, &desired, since_written).filter(|_| unchanged) {
+    // Only a reconcile with nothing to record may hold its write back.
+    let nothing_to_record = outcome == status::Outcome::default();
+    if let Some(wait) = coalesce::hold_back(&previous, &desired, since_written).filter(|_| nothing_to_record) {
         ctx.with_memory(key, &uid, |m| m.pending = None);
         return Ok(Some(wait));
     }
