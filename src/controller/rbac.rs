@@ -230,9 +230,9 @@ async fn apply(ctx: &Context, namespace: &str, known: &mut Applied) -> Result<()
         .filter(|p| with_locks && p.namespace().as_deref() == Some(namespace) && runs_sidecar(p.labels()))
         .map(|p| p.name_any())
         .collect();
-    let fingerprint = format!("{grant:?}");
-    if known.fingerprint.as_deref() == Some(fingerprint.as_str()) {
-        known.record(fingerprint, locks.iter().map(|l| l.as_ref()));
+    let print = applied::print(&grant);
+    if known.grant == Some(print) {
+        known.record(print, locks.iter().map(|l| l.as_ref()));
         return Ok(());
     }
     let owner = ctx.settings.owner.as_ref();
@@ -259,7 +259,7 @@ async fn apply(ctx: &Context, namespace: &str, known: &mut Applied) -> Result<()
         }
     }
     info!(namespace, leases = grant.leases.len(), spread, pods = grant.pods.len(), clients = ?grant.clients, "client RBAC applied");
-    known.record(fingerprint, locks.iter().map(|l| l.as_ref()));
+    known.record(print, locks.iter().map(|l| l.as_ref()));
     Ok(())
 }
 
@@ -295,7 +295,7 @@ async fn write(
 /// `result` of a delete, with the object already gone counted as done.
 fn gone<T>(result: kube::Result<T>) -> kube::Result<()> {
     match result {
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) if crate::lease::cas::status_code(&e) == Some(404) => Ok(()),
         other => other.map(|_| ()),
     }
 }
@@ -320,7 +320,7 @@ async fn remove_lease_roles(ctx: &Context, namespace: &str, known: &mut Applied)
     if known.spread == Some(false) {
         return Ok(());
     }
-    for name in shards::names().collect::<Vec<_>>().into_iter().rev() {
+    for name in shards::names().rev() {
         gone(bindings.delete(&name, &DeleteParams::default()).await)
             .map_err(|e| err("delete", "RoleBinding", &name, e))?;
         gone(roles.delete(&name, &DeleteParams::default()).await).map_err(|e| err("delete", "Role", &name, e))?;

@@ -29,7 +29,7 @@ pub fn name(index: usize) -> String {
 }
 
 /// Every Lease Role's name, in order.
-pub fn names() -> impl Iterator<Item = String> {
+pub fn names() -> impl DoubleEndedIterator<Item = String> {
     (0..SHARDS).map(name)
 }
 
