@@ -52,6 +52,17 @@ impl Shape {
     }
 }
 
+/// How long the claimants still queued when the window closes get to be granted in turn
+/// and leave.
+const DRAIN: Duration = Duration::from_secs(120);
+
+/// How long a claimant waits for a grant: longer than any run (the drain ends those still
+/// waiting), so that it waits its turn however long the queue. With 10 claimants on each
+/// of 1,000 locks a turn of the queue outlasts a wait of minutes; claimants that gave up
+/// would withdraw, claim again at the back, and the run would measure their timeouts
+/// instead of the grants.
+const PATIENCE: Duration = Duration::from_secs(3600);
+
 /// One measured configuration.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
@@ -93,7 +104,7 @@ pub async fn run(
             tasks.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
-                    match claimant.acquire_in(&lock, Duration::from_secs(120), mode).await {
+                    match claimant.acquire_in(&lock, PATIENCE, mode).await {
                         Ok(hold) => {
                             let now = Instant::now();
                             cycles.lock().expect("not poisoned").push((now, ms_between(started, now)));
@@ -113,7 +124,7 @@ pub async fn run(
     }
     // Everyone still queued is granted in turn and leaves; give that a bounded time.
     let ((before, start), (after, end), cpu) =
-        crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, Duration::from_secs(120)).await?;
+        crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, DRAIN).await?;
 
     let inside = |t: &Instant| *t >= start && *t < end;
     let cycles = cycles.lock().expect("not poisoned");
