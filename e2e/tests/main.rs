@@ -6,6 +6,7 @@ mod admission;
 mod chart;
 mod cli;
 mod clients;
+mod confirm;
 mod controller;
 mod controlplane;
 mod demo;

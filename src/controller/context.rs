@@ -149,6 +149,9 @@ pub struct LockMemory {
     /// Per slot. Boxed: a map node has room for several entries, and a slot's memory
     /// holds a whole Lease.
     pub slots: std::collections::BTreeMap<u32, Box<SlotMemory>>,
+    /// Grants revoked in a row, unconfirmed while their claims stood: the next waits
+    /// longer for its confirmation ([`super::confirm`]).
+    pub misses: super::confirm::Misses,
 }
 
 impl LockMemory {
@@ -172,7 +175,11 @@ impl LockMemory {
                 lock.status.as_ref().is_some_and(|s| super::status::listed(s).is_empty())
             }
         };
-        self.pending.is_none() && self.claims.is_empty() && status_at_rest && self.slots.values().all(|s| s.at_rest())
+        self.pending.is_none()
+            && self.claims.is_empty()
+            && status_at_rest
+            && self.misses.none()
+            && self.slots.values().all(|s| s.at_rest())
     }
 }
 

@@ -15,6 +15,7 @@ pub mod claim_index;
 pub mod claims;
 pub mod clocks;
 pub mod coalesce;
+pub mod confirm;
 pub mod context;
 pub mod decide;
 pub mod error;
@@ -98,6 +99,8 @@ pub struct Config {
     pub election_retry_period: Duration,
     /// Revoke a grant its claimant has not confirmed within this, once its claim was first
     /// seen a lease duration ago (a grant on a younger claim may have been answered already).
+    /// Doubled for each grant of the lock in a row that went unconfirmed (at most a lease
+    /// duration), until one is answered.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub confirm_timeout: Duration,
     /// Prepare claimant RBAC (Role and RoleBinding `leasehold-client`) in namespaces with locks.

@@ -76,7 +76,7 @@ pub async fn observe<'a>(
     let states: Vec<LeaseState> = leases.iter().map(|(_, l)| view::lease_state(l)).collect();
     let found = claims::of_lock(ctx, key, &spec_terms.timing);
 
-    let (ages, clocks, spent) = ctx.with_memory(key, &uid, |m| {
+    let (ages, clocks, spent, misses) = ctx.with_memory(key, &uid, |m| {
         m.claims.retain(|uid, _| found.iter().any(|c| &c.uid == uid));
         let ages: Vec<(Duration, Duration)> = found
             .iter()
@@ -103,7 +103,18 @@ pub async fn observe<'a>(
             });
         }
         let spent: Vec<String> = m.slots.values().filter_map(|s| s.served.clone()).collect();
-        (ages, clocks, spent)
+        // Grants answered: a hold confirmed, or one its claimant released or gave back (a
+        // free Lease that still names the claim it was granted on: one the controller
+        // revoked or freed names none).
+        let answered = leases.iter().zip(&states).filter_map(|((_, lease), state)| match state {
+            LeaseState::Held(h) if h.confirmed => h.token,
+            LeaseState::Free if crate::claim::edit::claim_uid(lease).is_some() => token::of_lease(lease),
+            _ => None,
+        });
+        if let Some(token) = answered.max() {
+            m.misses.answered(token);
+        }
+        (ages, clocks, spent, m.misses)
     });
     let mut slots = Vec::with_capacity(leases.len());
     for (((slot, lease), state), clock) in leases.iter().zip(&states).zip(clocks) {
@@ -164,7 +175,7 @@ pub async fn observe<'a>(
         required: force_requests::required(ctx, lock),
         known,
         tokens: tokens(known, leases.iter().map(|(_, l)| l), wall.as_millisecond()),
-        confirm_timeout: ctx.settings.confirm_timeout,
+        confirm_timeout: misses.window(ctx.settings.confirm_timeout, spec_terms.timing.lease_duration),
         wall,
     })
 }

@@ -51,6 +51,9 @@ pub fn lease_written(ctx: &Context, lock: &DistributedLock, key: &LockKey, plan:
         granted(ctx, lock, key, &uid, grant);
     }
     for revoked in plan.revocations.iter().filter(|r| r.slot == slot) {
+        if let (RevokeReason::Unconfirmed, Some(token), Some(_)) = (revoked.reason, revoked.token, &revoked.claim) {
+            missed_confirmation(ctx, lock, key, token);
+        }
         if let Some(unchanged) = revoked.drain_from {
             // The drain counts from the last renewal seen before this revocation.
             ctx.with_memory(key, &uid, |m| {
@@ -85,6 +88,20 @@ fn granted(ctx: &Context, lock: &DistributedLock, key: &LockKey, uid: &str, gran
     info!(namespace = %key.namespace, lock = %key.name, token, holder = %holder, waited, "granted");
     let note = format!("granted to {holder} with token {token}");
     publish(ctx, lock, EventType::Normal, "Granted", note, holder.pod.as_ref());
+}
+
+/// A grant was revoked unconfirmed while its claim stood: the lock's next grant waits
+/// longer for its confirmation.
+fn missed_confirmation(ctx: &Context, lock: &DistributedLock, key: &LockKey, token: i64) {
+    let uid = lock.uid().unwrap_or_default();
+    let missed = ctx.with_memory(key, &uid, |m| {
+        m.misses.missed(token);
+        m.misses
+    });
+    let timing = crate::lease::GrantedTiming::of_spec(&lock.spec).timing;
+    let next = missed.window(ctx.settings.confirm_timeout, timing.lease_duration);
+    info!(namespace = %key.namespace, lock = %key.name, in_a_row = missed.count(), next = ?next,
+        "a grant went unconfirmed: waiting longer for the next confirmation");
 }
 
 fn revoked(ctx: &Context, lock: &DistributedLock, key: &LockKey, revoked: &Revoked) {
