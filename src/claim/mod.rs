@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use kube::Api;
 use tracing::{debug, info, warn};
 
 pub use edit::LostReason;
@@ -34,9 +33,7 @@ pub use react::{Ours, Reaction, Unanswered};
 pub use watch::{SlotWatches, lease_states};
 
 use crate::crd::{ClaimMode, DistributedLock, LockClaim};
-use crate::lease::{
-    CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, cas::status_code, retry, slot,
-};
+use crate::lease::{CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, retry, slot};
 use crate::metrics::ClientMetrics;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -134,7 +131,8 @@ pub struct Claimant {
     pub(crate) store: LeaseStore,
     /// Our LockClaims.
     claim_store: CasStore<LockClaim>,
-    locks: Api<DistributedLock>,
+    /// DistributedLocks, read for their terms.
+    locks: CasStore<DistributedLock>,
     pub(crate) identity: Identity,
     pub(crate) metrics: Arc<ClientMetrics>,
     /// Per lock, the highest token this claimant has ever been handed. A grant is accepted
@@ -154,7 +152,7 @@ impl Claimant {
         Claimant {
             store: LeaseStore::new(client.clone(), namespace, manager),
             claim_store: CasStore::new(client.clone(), namespace, manager),
-            locks: Api::namespaced(client, namespace),
+            locks: CasStore::new(client, namespace, manager),
             identity,
             metrics: ClientMetrics::unregistered(),
             retired: Arc::default(),
@@ -188,17 +186,15 @@ impl Claimant {
     /// [`AcquireError::UnknownLock`] if it does not exist.
     pub async fn terms(&self, lock: &str) -> Result<GrantedTiming, AcquireError> {
         let (namespace, name) = (self.namespace().to_owned(), lock.to_owned());
-        let read = tokio::time::timeout(crate::lease::cas::REQUEST_TIMEOUT, self.locks.get_opt(lock)).await;
-        let Ok(read) = read else {
-            return Err(AcquireError::ReadTimeout { namespace, lock: name, after: crate::lease::cas::REQUEST_TIMEOUT });
-        };
-        match read {
+        match self.locks.get(lock).await {
             Ok(Some(dl)) => Ok(GrantedTiming::of_spec(&dl.spec)),
             Ok(None) => Err(AcquireError::UnknownLock { namespace, lock: name }),
-            Err(e) if status_code(&e) == Some(403) => {
+            Err(e @ CasError::Forbidden { .. }) => {
                 Err(AcquireError::Forbidden { namespace, lock: name, message: e.to_string() })
             }
-            Err(source) => Err(AcquireError::ReadLock { namespace, lock: name, source }),
+            Err(CasError::Timeout { after, .. }) => Err(AcquireError::ReadTimeout { namespace, lock: name, after }),
+            Err(CasError::Api { source, .. }) => Err(AcquireError::ReadLock { namespace, lock: name, source }),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -10,7 +10,8 @@ use super::cas::status_code;
 
 /// The first pause between tries; it doubles up to [`MAX_PAUSE`].
 pub const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// The longest pause between tries: an apiserver back after a restart is used within it.
+/// The longest pause between tries before jitter: an apiserver back after a restart is
+/// used within twice it.
 pub const MAX_PAUSE: Duration = Duration::from_secs(2);
 
 /// Whether a request that failed with `error` may succeed if sent again: it got no HTTP
@@ -24,6 +25,10 @@ pub fn may_pass(error: &kube::Error) -> bool {
 /// Runs `attempt` until it succeeds, fails with an error `transient` says will not pass,
 /// or the next try would start at or past `deadline`; the last error is returned.
 /// `retrying` is told of each error that will be tried again, with the pause before it.
+///
+/// Each pause is its nominal length (doubling from [`FIRST_PAUSE`] up to [`MAX_PAUSE`])
+/// plus a random part of up to as much again: callers that failed together — thousands of
+/// claimants of one overloaded apiserver — do not all try again at the same instant.
 pub async fn within<T, E, Fut>(
     deadline: tokio::time::Instant,
     attempt: impl FnMut() -> Fut,
@@ -37,6 +42,7 @@ where
         .with_min_delay(FIRST_PAUSE)
         .with_max_delay(MAX_PAUSE)
         .with_factor(2.0)
+        .with_jitter()
         .without_max_times();
     attempt
         .retry(pauses)
@@ -98,28 +104,50 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn tries_again_after_growing_pauses_until_it_succeeds_or_its_deadline() {
+    async fn tries_again_after_growing_jittered_pauses_until_it_succeeds_or_its_deadline() {
         let ms = Duration::from_millis;
+        // (name, failures, transient, wait, result, nominal pauses; None: as many as fit).
         let table = [
-            ("succeeds at once", 0, true, ms(10_000), Ok(1), vec![]),
-            ("passes after three failures", 3, true, ms(10_000), Ok(4), vec![ms(100), ms(200), ms(400)]),
-            ("pauses grow to 2 s, no further", 7, true, ms(60_000), Ok(8), {
-                vec![ms(100), ms(200), ms(400), ms(800), ms(1600), ms(2000), ms(2000)]
+            ("succeeds at once", 0, true, ms(10_000), Some(Ok(1)), Some(vec![])),
+            ("passes after three failures", 3, true, ms(10_000), Some(Ok(4)), Some(vec![100, 200, 400])),
+            ("pauses grow to 2 s, no further", 7, true, ms(60_000), Some(Ok(8)), {
+                Some(vec![100, 200, 400, 800, 1600, 2000, 2000])
             }),
-            ("a refusal is not tried again", 3, false, ms(10_000), Err("failure 1".to_owned()), vec![]),
-            // 100 + 200 + 400 = 700 ms elapsed; the next pause (800 ms) would end past 1 s.
-            ("no try starts past the deadline", 10, true, ms(1_000), Err("failure 4".to_owned()), {
-                vec![ms(100), ms(200), ms(400)]
-            }),
+            ("a refusal is not tried again", 3, false, ms(10_000), Some(Err("failure 1".to_owned())), Some(vec![])),
+            ("no try starts past the deadline", 100, true, ms(1_000), None, None),
         ];
-        for (name, fails, transient, wait, expected, pauses) in table {
+        for (name, fails, transient, wait, expected, nominal) in table {
             let (result, tries, told) = run(fails, transient, wait).await;
-            assert_eq!(result, expected, "{name}");
-            // The pauses are computed in floating point: compared to the millisecond.
-            let told_ms: Vec<u128> = told.iter().map(Duration::as_millis).collect();
-            let pauses_ms: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
-            assert_eq!(told_ms, pauses_ms, "{name}");
             assert_eq!(tries as usize, told.len() + 1, "{name}");
+            match expected {
+                Some(expected) => assert_eq!(result, expected, "{name}"),
+                None => assert_eq!(result, Err(format!("failure {tries}")), "{name}"),
+            }
+            // Pause n is its nominal length plus up to as much again.
+            let doubling = [100u64, 200, 400, 800, 1600].into_iter().chain(std::iter::repeat(2000));
+            for (n, (pause, at_least)) in told.iter().zip(doubling).enumerate() {
+                assert!(*pause >= ms(at_least) && *pause < ms(2 * at_least), "{name}: pause {n} was {pause:?}");
+            }
+            match nominal {
+                Some(nominal) => assert_eq!(told.len(), nominal.len(), "{name}"),
+                // Every try started before the deadline, and it stopped at the deadline:
+                // 100–200 ms, then 200–400 ms fit in 1 s; at least one more pause of
+                // 400–800 ms would not fit after a fourth.
+                None => {
+                    assert!(told.iter().sum::<Duration>() < wait, "{name}: {told:?}");
+                    assert!((2..=3).contains(&told.len()), "{name}: {told:?}");
+                }
+            }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn claimants_failing_together_do_not_try_again_together() {
+        let mut firsts = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            let (_, _, told) = run(1, true, Duration::from_secs(10)).await;
+            firsts.insert(told[0]);
+        }
+        assert!(firsts.len() > 1, "twenty callers paused alike: {firsts:?}");
     }
 }
