@@ -177,6 +177,8 @@ pub fn with_deadline<B>(mut request: http::Request<B>) -> Result<http::Request<B
 #[derive(Clone)]
 pub struct CasStore<K> {
     api: Api<K>,
+    /// The client under `api`, for the requests built here (an `Api` only gives its
+    /// client away, not lends it).
     client: kube::Client,
     namespace: String,
     kind: String,
