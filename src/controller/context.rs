@@ -128,6 +128,9 @@ pub struct ClaimSeen {
     pub first: std::time::Instant,
     /// Since when its refresh has been unchanged.
     pub refresh: Option<Sighting<Option<MicroTime>>>,
+    /// A hold was granted on it (seen held or given back on it): it is never granted
+    /// again, however long it outlives the hold.
+    pub served: bool,
 }
 
 /// The controller's memory of one lock, valid for one leadership term.
@@ -405,7 +408,7 @@ mod tests {
             (
                 "a claim being timed",
                 with(&|m| {
-                    m.claims.insert("c1".into(), ClaimSeen { first: now, refresh: None });
+                    m.claims.insert("c1".into(), ClaimSeen { first: now, refresh: None, served: false });
                 }),
                 false,
             ),

@@ -81,7 +81,11 @@ pub async fn observe<'a>(
         let ages: Vec<(Duration, Duration)> = found
             .iter()
             .map(|c| {
-                let seen = m.claims.entry(c.uid.clone()).or_insert_with(|| ClaimSeen { first: now, refresh: None });
+                let seen = m.claims.entry(c.uid.clone()).or_insert_with(|| ClaimSeen {
+                    first: now,
+                    refresh: None,
+                    served: false,
+                });
                 (now - Sighting::observe(&mut seen.refresh, c.renew_time.clone(), now), now - seen.first)
             })
             .collect();
@@ -91,18 +95,30 @@ pub async fn observe<'a>(
         for ((slot, lease), state) in leases.iter().zip(&states) {
             let memory = m.slot(*slot);
             memory.seen = Some(recreate::seen(lease));
+            // A Lease given back still names its claim, which its claimant deletes
+            // alongside: a controller that never saw the hold learns it was served here.
+            let served = view::served_on(lease, state, &found);
+            if let (LeaseState::Held(_), Some(claim)) = (state, served) {
+                memory.served = Some(claim.uid.clone());
+            }
             clocks.push(match state {
-                LeaseState::Held(h) => {
-                    if let Some(claim) = found.iter().find(|c| h.claim.is_some() && h.granted_on(c)) {
-                        memory.served = Some(claim.uid.clone());
-                    }
-                    SlotClocks { hold: Some(clocks::of_hold(memory, h, now)), drain: None }
-                }
+                LeaseState::Held(h) => SlotClocks { hold: Some(clocks::of_hold(memory, h, now)), drain: None },
                 LeaseState::Draining(d) => SlotClocks { hold: None, drain: Some(clocks::of_drain(memory, d, now)) },
                 LeaseState::Free => SlotClocks { hold: None, drain: None },
             });
+            if let Some(seen) = served.and_then(|claim| m.claims.get_mut(&claim.uid)) {
+                seen.served = true;
+            }
         }
-        let spent: Vec<String> = m.slots.values().filter_map(|s| s.served.clone()).collect();
+        // Every claim a hold was granted on, for as long as it stands: the claimant's
+        // delete of it may land after the next grant (a release sends both writes at
+        // once; our cache of claims can lag behind our cache of Leases).
+        let spent: Vec<String> = m
+            .slots
+            .values()
+            .filter_map(|s| s.served.clone())
+            .chain(m.claims.iter().filter(|(_, seen)| seen.served).map(|(uid, _)| uid.clone()))
+            .collect();
         // Grants answered: a hold confirmed, or one its claimant released or gave back (a
         // free Lease that still names the claim it was granted on: one the controller
         // revoked or freed names none).

@@ -91,9 +91,9 @@ pub struct Observation<'a> {
     pub slots: Vec<SlotView<'a>>,
     /// The well-formed claims on it, in grant order.
     pub claims: Vec<Waiting>,
-    /// The UIDs of the claims the current holds were granted on: a claim is served once,
-    /// so these are never granted again (a claimant withdraws its claim before it
-    /// releases; our cache may still show it after the release).
+    /// The UIDs of the claims holds were granted on: a claim is served once, so these are
+    /// never granted again (a claimant deletes its claim as it releases, and the delete
+    /// may land, or reach our cache, after the release).
     pub spent: Vec<String>,
     /// The lock's ForceReleaseRequests, oldest first.
     pub requests: Vec<Arc<ForceReleaseRequest>>,

@@ -143,6 +143,17 @@ impl LeaseHold {
     }
 }
 
+/// The claim among `found` that a slot Lease shows a hold was granted on: the hold's, or,
+/// on a Lease its holder gave back, the one the Lease still names. Such a claim has been
+/// served.
+pub fn served_on<'a>(lease: &Lease, state: &LeaseState, found: &'a [Claim]) -> Option<&'a Claim> {
+    match state {
+        LeaseState::Held(h) if h.claim.is_some() => found.iter().find(|c| h.granted_on(c)),
+        LeaseState::Free => edit::claim_uid(lease).and_then(|uid| found.iter().find(|c| c.uid == uid)),
+        _ => None,
+    }
+}
+
 /// The mode a slot Lease was granted in: `Write` only when it says so.
 pub fn mode_of(lease: &Lease) -> ClaimMode {
     match lease.annotations().get(ANNOTATION_MODE).map(String::as_str) {
@@ -210,6 +221,23 @@ pub fn claim(object: &LockClaim, lock: &str, ttl_cap: Duration) -> Option<Claim>
     })
 }
 
+/// A claim by `u-<who>` (UID `uid-<who>`) made at second `created_s`, for tests.
+#[cfg(test)]
+pub(crate) fn test_claim(who: &str, created_s: i64) -> Claim {
+    let t = Timestamp::from_second(created_s).expect("valid");
+    Claim {
+        mode: ClaimMode::Read,
+        name: format!("orders.u-{who}"),
+        uid: format!("uid-{who}"),
+        resource_version: "1".into(),
+        identity: Identity::parse(&format!("u-{who}")),
+        created: t,
+        requested: t,
+        renew_time: None,
+        ttl: Duration::from_secs(30),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +265,34 @@ mod tests {
     }
 
     const UID: &str = "0b8f3a1e-5d2c-4c55-9a57-2f3c1e7b9d10";
+
+    #[test]
+    fn the_claim_a_hold_was_granted_on_is_served_while_held_and_once_given_back() {
+        use crate::controller::build;
+        use crate::lease::GrantedTiming;
+        let lock = crate::crd::DistributedLock::new("orders", crate::crd::DistributedLockSpec::default());
+        let terms = GrantedTiming::of_spec(&lock.spec);
+        let t = Timestamp::from_second(1_000).expect("valid");
+        let free = build::new_lock_lease(&lock, 0, 7);
+        let (a, b) = (test_claim("a", 1_000), test_claim("b", 1_000));
+        let granted = build::granted(&free, &a, 8, &terms, t, None);
+        let given_back = edit::given_back(&granted, &a.identity, 8).expect("a's hold is given back");
+        let revoked = build::draining(&granted, 9, "Expired", Some(8));
+        let found = [b.clone(), a.clone()];
+        // (case, Lease, claims found, the claim served)
+        let cases: [(&str, &Lease, &[Claim], Option<&str>); 6] = [
+            ("held on a", &granted, &found, Some("uid-a")),
+            ("held on a, a's claim gone", &granted, std::slice::from_ref(&b), None),
+            ("given back by a, naming its claim", &given_back, &found, Some("uid-a")),
+            ("given back by a, a's claim gone", &given_back, std::slice::from_ref(&b), None),
+            ("never granted", &free, &found, None),
+            ("revoked: drained, not served by a release", &revoked, &found, None),
+        ];
+        for (case, lease, found, want) in cases {
+            let got = served_on(lease, &lease_state(lease), found).map(|c| c.uid.as_str());
+            assert_eq!(got, want, "{case}");
+        }
+    }
 
     fn lock_claim(name: &str, spec: serde_json::Value) -> LockClaim {
         serde_json::from_value(serde_json::json!({

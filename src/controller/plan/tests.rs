@@ -35,18 +35,7 @@ fn lease_duration() -> Duration {
 }
 
 fn claim(who: &str, created_s: i64) -> Claim {
-    let t = Timestamp::from_second(created_s).expect("valid");
-    Claim {
-        mode: crate::crd::ClaimMode::Read,
-        name: format!("orders.u-{who}"),
-        uid: format!("uid-{who}"),
-        resource_version: "1".into(),
-        identity: Identity::parse(&format!("u-{who}")),
-        created: t,
-        requested: t,
-        renew_time: None,
-        ttl: 30 * S,
-    }
+    crate::controller::view::test_claim(who, created_s)
 }
 
 fn waiting(who: &str, created_s: i64, serveable: Option<bool>) -> Waiting {
@@ -153,7 +142,9 @@ fn waiters_that_may_not_be_served_are_dropped_and_the_next_one_is_granted() {
 
 #[test]
 fn a_claim_already_served_is_never_granted_again() {
-    // The holder released (its claim withdrawn first), but the claim is still cached.
+    // The holder released; its claim, deleted by its claimant at the same time, is still
+    // there (or still cached). It is dropped: whichever delete lands first, the other
+    // finds it gone.
     let lock = lock();
     let lease = free();
     let mut o = observation(&lock, &lease, vec![waiting("a", 1, None), waiting("b", 2, Some(true))]);
@@ -169,6 +160,7 @@ fn a_claim_already_served_is_never_granted_again() {
     assert_eq!(write_of(&plan), LeaseWrite::Keep);
     assert!(plan.grants.is_empty());
     assert!(status(&plan).waiters.is_empty());
+    assert_eq!(names(&plan.stale), ["orders.u-a"]);
 }
 
 #[test]
