@@ -16,15 +16,22 @@ use crate::watch::until;
 /// The user kube-controller-manager's garbage collector deletes as.
 pub const GARBAGE_COLLECTOR: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
 
+/// A client acting as `user`: the admin of the control plane whose kubeconfig is
+/// `kubeconfig`, impersonating it (impersonation checks the impersonated user's own
+/// permissions on every request).
+pub async fn impersonating(kubeconfig: &std::path::Path, user: &str) -> kube::Client {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("read the admin kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("the admin kubeconfig is valid");
+    config.auth_info.impersonate = Some(user.to_owned());
+    kube::Client::try_from(config).expect("a client")
+}
+
 impl Env {
     /// A client acting as `user` (the admin impersonating it).
     pub async fn impersonating(&self, user: &str) -> kube::Client {
-        let kubeconfig = Kubeconfig::read_from(self.cp.kubeconfig_path()).expect("read the admin kubeconfig");
-        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("the admin kubeconfig is valid");
-        config.auth_info.impersonate = Some(user.to_owned());
-        kube::Client::try_from(config).expect("a client")
+        impersonating(self.cp.kubeconfig_path(), user).await
     }
 
     /// Asks (as the admin, no webhook involved) for a forced release of `lock`, with the

@@ -56,6 +56,11 @@ impl ChartCluster {
         ChartCluster { cp, admin, helm }
     }
 
+    /// A client acting as `user` (the admin impersonating it).
+    pub async fn impersonating(&self, user: &str) -> kube::Client {
+        crate::support::locks::impersonating(self.cp.kubeconfig_path(), user).await
+    }
+
     /// `helm install` (or `upgrade`, with `verb`) of the chart with extra arguments;
     /// waits until the CRD, if any, is established.
     pub async fn helm_apply(&self, verb: &str, extra: &[&str]) -> String {

@@ -13,6 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
@@ -42,6 +43,29 @@ async fn certificates(cluster: &ChartCluster) -> (BTreeMap<String, Vec<u8>>, Vec
         .map(|c| c.ca_bundle.expect("a caBundle").0)
         .collect();
     (secret, bundles)
+}
+
+/// The chart's FlowSchema classifies the controller's requests, and only its: the
+/// apiserver names the FlowSchema and priority level it chose in every answer.
+async fn controller_requests_have_their_own_priority_level(cluster: &ChartCluster) {
+    let schema = Api::<FlowSchema>::all(cluster.admin.clone()).get("leasehold-controller").await.expect("FlowSchema");
+    let level = Api::<PriorityLevelConfiguration>::all(cluster.admin.clone())
+        .get("workload-high")
+        .await
+        .expect("workload-high");
+    let classified = |client: kube::Client| async move {
+        let request = http::Request::get(format!("/api/v1/namespaces/{NAMESPACE}/leases?limit=1"))
+            .body(Vec::new())
+            .expect("a request");
+        let answer = client.send(request.map(kube::client::Body::from)).await.expect("an answer");
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        (header("x-kubernetes-pf-flowschema-uid"), header("x-kubernetes-pf-prioritylevel-uid"))
+    };
+    let controller = cluster.impersonating(&format!("system:serviceaccount:{NAMESPACE}:leasehold-controller")).await;
+    assert_eq!(classified(controller).await, (schema.uid(), level.uid()), "the controller's requests");
+    let other = cluster.impersonating(&format!("system:serviceaccount:{NAMESPACE}:default")).await;
+    let (other_schema, _) = classified(other).await;
+    assert!(other_schema.is_some() && other_schema != schema.uid(), "another ServiceAccount's requests are not its");
 }
 
 fn lock(name: &str, annotations: &[(&str, &str)]) -> DistributedLock {
@@ -86,6 +110,7 @@ async fn install_upgrade_uninstall_keep_the_certificate_and_honour_crds_keep() {
         deployments.get("leasehold-controller").await.expect("Deployment").spec.and_then(|s| s.replicas),
         Some(2)
     );
+    controller_requests_have_their_own_priority_level(&cluster).await;
     let (secret, bundles) = certificates(&cluster).await;
     assert_eq!(bundles.len(), 4);
     assert!(bundles.iter().all(|b| Some(b) == secret.get("ca.crt")), "every caBundle is the Secret's CA");

@@ -160,6 +160,13 @@ async fn the_default_rendering_is_restricted_highly_available_and_fails_closed()
     assert_eq!(resources, json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}}));
     let pdb = find(&rendered, "PodDisruptionBudget", "leasehold-controller").expect("a PodDisruptionBudget");
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let schema = find(&rendered, "FlowSchema", "leasehold-controller").expect("a FlowSchema");
+    assert_eq!(schema["spec"]["priorityLevelConfiguration"]["name"], "workload-high");
+    assert_eq!(schema["spec"]["matchingPrecedence"], 1000, "ahead of the built-in service-accounts schema (9000)");
+    assert_eq!(
+        schema["spec"]["rules"][0]["subjects"],
+        json!([{"kind": "ServiceAccount", "serviceAccount": {"name": "leasehold-controller", "namespace": NAMESPACE}}])
+    );
 
     // Generated certificate: one CA in the Secret and in every caBundle.
     let secret = find(&rendered, "Secret", "leasehold-webhook-tls").expect("the generated certificate");
@@ -230,6 +237,20 @@ async fn optional_objects_appear_only_when_enabled() {
     }
     let policy = find(&rendered, "NetworkPolicy", "leasehold-controller").expect("NetworkPolicy");
     assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]), "egress stays open unless rules are given");
+
+    let rendered = helm.template(&["flowSchema.enabled=false"]).await;
+    assert_eq!(count(&rendered, "FlowSchema"), 0);
+    let rendered = helm
+        .template(&[
+            "serviceAccount.name=locks",
+            "flowSchema.priorityLevel=global-default",
+            "flowSchema.matchingPrecedence=500",
+        ])
+        .await;
+    let schema = find(&rendered, "FlowSchema", "leasehold-controller").expect("a FlowSchema");
+    assert_eq!(schema["spec"]["rules"][0]["subjects"][0]["serviceAccount"]["name"], "locks", "the account it runs as");
+    assert_eq!(schema["spec"]["priorityLevelConfiguration"]["name"], "global-default");
+    assert_eq!(schema["spec"]["matchingPrecedence"], 500);
 
     let rendered = helm.template(&["sidecar.image.repository=example.com/sidecar", "sidecar.image.tag=1.2.3"]).await;
     assert!(args(&rendered).iter().any(|a| a == "--sidecar-image=example.com/sidecar:1.2.3"));

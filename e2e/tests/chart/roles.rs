@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use leasehold::crd::{DistributedLock, DistributedLockSpec, LockClaim};
 use serde_json::json;
 
@@ -15,17 +14,6 @@ use super::cluster::ChartCluster;
 use crate::support::watch::{until, until_gone};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// A client acting as `user` (the admin impersonating it; impersonation checks the
-/// impersonated user's own permissions on every request).
-async fn as_user(cluster: &ChartCluster, user: &str) -> kube::Client {
-    let kubeconfig = Kubeconfig::read_from(cluster.cp.kubeconfig_path()).expect("read the admin kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("the admin kubeconfig is valid");
-    config.auth_info.impersonate = Some(user.to_owned());
-    kube::Client::try_from(config).expect("a client")
-}
 
 /// Binds `user` to the built-in ClusterRole `role` in `namespace`.
 async fn bind(cluster: &ChartCluster, namespace: &str, user: &str, role: &str) {
@@ -87,7 +75,7 @@ async fn namespace_editors_create_and_delete_locks_and_viewers_only_read_them() 
     assert!(!grants(&edit, "distributedlocks/status", "patch"), "status is the controller's: {:?}", edit.rules);
 
     // The editor creates, changes and deletes a lock.
-    let alice: Api<DistributedLock> = Api::namespaced(as_user(&cluster, "alice").await, &app.name);
+    let alice: Api<DistributedLock> = Api::namespaced(cluster.impersonating("alice").await, &app.name);
     let lock = DistributedLock::new("orders", DistributedLockSpec::default());
     alice.create(&PostParams::default(), &lock).await.expect("an editor creates a lock");
     let patch = json!({"metadata": {"labels": {"team": "shop"}}});
@@ -105,7 +93,7 @@ async fn namespace_editors_create_and_delete_locks_and_viewers_only_read_them() 
     }))
     .expect("a LockClaim");
     forbidden(
-        Api::<LockClaim>::namespaced(as_user(&cluster, "alice").await, &app.name)
+        Api::<LockClaim>::namespaced(cluster.impersonating("alice").await, &app.name)
             .create(&PostParams::default(), &claim)
             .await,
         "lockclaims",
@@ -113,7 +101,7 @@ async fn namespace_editors_create_and_delete_locks_and_viewers_only_read_them() 
     );
 
     // The viewer reads locks and claims, and changes nothing.
-    let bob_client = as_user(&cluster, "bob").await;
+    let bob_client = cluster.impersonating("bob").await;
     let bob: Api<DistributedLock> = Api::namespaced(bob_client.clone(), &app.name);
     let listed = bob.list(&ListParams::default()).await.expect("a viewer lists locks");
     assert_eq!(listed.items.len(), 1);
@@ -133,7 +121,7 @@ async fn namespace_editors_create_and_delete_locks_and_viewers_only_read_them() 
     assert!(alice.get_opt("orders").await.expect("read the lock").is_some(), "the lock is still there");
 
     // The bindings are namespaced: neither reaches another namespace's locks.
-    let alice_elsewhere: Api<DistributedLock> = Api::namespaced(as_user(&cluster, "alice").await, &elsewhere.name);
+    let alice_elsewhere: Api<DistributedLock> = Api::namespaced(cluster.impersonating("alice").await, &elsewhere.name);
     forbidden(
         alice_elsewhere.create(&PostParams::default(), &lock).await,
         "distributedlocks",
