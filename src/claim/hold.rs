@@ -108,7 +108,7 @@ impl Hold {
         {
             let mut retired = claimant.retired.lock().expect("retired map is never poisoned");
             let entry = retired.entry(lock.to_owned()).or_default();
-            *entry = (*entry).max(token);
+            entry.handed = entry.handed.max(token);
         }
         claimant.metrics.held.inc();
         let terms = granted::of_lease(&lease, &fallback);

@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 pub use edit::LostReason;
 pub use hold::{Hold, HoldEvent, HoldStatus, ReleaseOutcome};
 pub use react::{Ours, Reaction, Unanswered};
-pub use watch::{SlotWatches, lease_states};
+pub use watch::{LeaseWatches, SlotWatches, lease_states};
 
 use crate::crd::{ClaimMode, DistributedLock, LockClaim};
 use crate::lease::{CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, retry, slot};
@@ -124,6 +124,18 @@ impl AcquireError {
     }
 }
 
+/// The holds a claimant has had on one lock.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Retired {
+    /// The highest token this claimant has ever been handed. A grant is accepted only with
+    /// a higher token, so a hold once lost is never reported held again even if the lock
+    /// Lease still names us with it.
+    pub handed: i64,
+    /// The highest token whose hold we gave back and saw the write land: a Lease naming us
+    /// with it (or a lower one) is a view from before that write.
+    pub returned: i64,
+}
+
 /// One claimant identity in one namespace.
 #[derive(Clone)]
 pub struct Claimant {
@@ -135,10 +147,10 @@ pub struct Claimant {
     locks: CasStore<DistributedLock>,
     pub(crate) identity: Identity,
     pub(crate) metrics: Arc<ClientMetrics>,
-    /// Per lock, the highest token this claimant has ever been handed. A grant is accepted
-    /// only with a higher token, so a hold once lost is never reported held again even
-    /// if the lock Lease still names us with it.
-    pub(crate) retired: Arc<Mutex<HashMap<String, i64>>>,
+    /// Per lock, the tokens of the holds this claimant has had.
+    pub(crate) retired: Arc<Mutex<HashMap<String, Retired>>>,
+    /// The lock Leases' watches, shared by acquisitions and holds.
+    watches: LeaseWatches,
     /// Which acquisition owns the claim on each lock.
     claims: book::ClaimBook,
     /// When this claimant was made: every hold an earlier process with our identity
@@ -152,6 +164,7 @@ impl Claimant {
         Claimant {
             store: LeaseStore::new(client.clone(), namespace, manager),
             claim_store: CasStore::new(client.clone(), namespace, manager),
+            watches: LeaseWatches::new(kube::Api::namespaced(client.clone(), namespace)),
             locks: CasStore::new(client, namespace, manager),
             identity,
             metrics: ClientMetrics::unregistered(),
@@ -218,7 +231,7 @@ impl Claimant {
         // trips in the time of one. The watch's first list comes after the claim is sent,
         // or shows no grant of ours yet; either way no grant can slip by.
         let deadline = tokio::time::Instant::from_std(started + wait);
-        let mut watches = SlotWatches::new(self.store.api().clone(), lock);
+        let mut watches = SlotWatches::new(self.watches.clone(), lock);
         let (polled, mut polls) = futures::channel::mpsc::unbounded::<(u32, Option<Lease>)>();
         // Every try of the first claim carries this request time: a try that got no answer
         // but landed is known for ours by it.
@@ -267,7 +280,8 @@ impl Claimant {
         // The first claim was made before the timing was known: refresh it (with its real
         // lifetime) before its provisional one can run out.
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
-        let floor = self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or(0);
+        let retired =
+            self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or_default();
         let mut missed_grant = false;
         // When to read a slot's Lease again: once an earlier process's hold may be given
         // back, or soon after a confirmation got no answer (the watch may be down too).
@@ -314,7 +328,8 @@ impl Claimant {
             let claim = self.claims.claim(lock);
             let ours = Ours::Waiting(react::Waiting {
                 identity: &self.identity,
-                floor,
+                floor: retired.handed,
+                returned: retired.returned,
                 unconfirmed,
                 unanswered: &unanswered,
                 missed_grant,
@@ -432,7 +447,13 @@ impl Claimant {
         let (slot, token) = (granted.slot, granted.token);
         info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
         let later = polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
-        let states = futures::stream::select(later, watches.into_slot(slot)).boxed();
+        // A read may have found the grant before the watch showed it: the watch's states
+        // from before the grant (a lower token) say nothing about this hold.
+        let watched = watches.into_slot(slot).skip_while(move |state| {
+            let before = state.as_ref().and_then(crate::lease::token::of_lease).is_some_and(|t| t < token);
+            futures::future::ready(before)
+        });
+        let states = futures::stream::select(later, watched).boxed();
         Hold::start(self.clone(), lock, ticket, terms, granted, states)
     }
 

@@ -48,6 +48,10 @@ pub struct Waiting<'a> {
     /// The highest token this claimant was ever handed for the lock (0: none): a grant at
     /// or below it is a leftover, never a new hold.
     pub floor: i64,
+    /// The highest token of a hold we gave back, the write seen landing (0: none): a Lease
+    /// naming us with it, or a lower one, is a view from before that write (a watch that
+    /// has not caught up), with nothing to do.
+    pub returned: i64,
     /// The latest grant whose confirmation the apiserver refused (it did not land).
     pub unconfirmed: Option<i64>,
     /// Our confirmations that got no answer: each may have landed, or may yet.
@@ -160,6 +164,9 @@ fn while_waiting(lease: &Lease, w: &Waiting<'_>) -> Reaction {
         let acknowledge = w.unconfirmed.filter(|t| edit::given_back(lease, w.identity, *t).is_some());
         return Reaction::NotGranted { acknowledge, claim_again: w.missed_grant };
     };
+    if token <= w.returned {
+        return Reaction::Wait;
+    }
     if token > w.floor && !edit::is_confirmed(lease) {
         match edit::claim_uid(lease) {
             // A grant that does not say which claim it serves: confirm before answering.
@@ -297,6 +304,7 @@ mod tests {
         let waiting = |floor, unconfirmed, missed_grant| Waiting {
             identity: &me,
             floor,
+            returned: 0,
             unconfirmed,
             unanswered: &[],
             missed_grant,
@@ -436,6 +444,30 @@ mod tests {
                 Reaction::GiveBack { token: 4 },
             ),
             (
+                "our own hold at the floor, its give-back seen landing: a view from before it",
+                Some(Shape { confirmed: true, ..granted(4) }),
+                Waiting { returned: 4, ..waiting(4, None, false) },
+                Reaction::Wait,
+            ),
+            (
+                "an older hold of ours, below a give-back seen landing: a view from before it",
+                Some(granted(3)),
+                Waiting { returned: 4, ..waiting(4, None, false) },
+                Reaction::Wait,
+            ),
+            (
+                "a hold at the floor whose give-back was never seen landing: give back",
+                Some(granted(4)),
+                Waiting { returned: 3, ..waiting(4, None, false) },
+                Reaction::GiveBack { token: 4 },
+            ),
+            (
+                "a fresh grant above a give-back seen landing: answered as any",
+                Some(on("c1", 5)),
+                Waiting { returned: 4, ..waiting(4, None, false) },
+                Reaction::Answer { token: 5, sent },
+            ),
+            (
                 "a token below the floor: give back",
                 Some(Shape { confirmed: true, renew_deadline: Some(20), ..granted(3) }),
                 waiting(4, None, false),
@@ -539,6 +571,7 @@ mod tests {
             let waiting = Waiting {
                 identity: &me,
                 floor: 4,
+                returned: 0,
                 unconfirmed: None,
                 unanswered: &unanswered,
                 missed_grant: false,

@@ -268,8 +268,10 @@ impl Renewer {
                 return GaveBack::Nothing;
             };
             match self.claimant.store.replace(&cleared).await {
-                Ok(_) if draining => return GaveBack::Acknowledged,
-                Ok(_) => return GaveBack::Released,
+                Ok(_) => {
+                    self.claimant.returned(&self.lock, self.token);
+                    return if draining { GaveBack::Acknowledged } else { GaveBack::Released };
+                }
                 Err(CasError::Conflict { .. }) => match self.claimant.store.get(&self.lease.name_any()).await {
                     Ok(Some(current)) => lease = current,
                     Ok(None) => return GaveBack::Nothing,
@@ -290,6 +292,13 @@ impl Renewer {
 }
 
 impl Claimant {
+    /// Records that our hold with `token` on `lock` was given back, the write seen landing.
+    fn returned(&self, lock: &str, token: i64) {
+        let mut retired = self.retired.lock().expect("retired map is never poisoned");
+        let entry = retired.entry(lock.to_owned()).or_default();
+        entry.returned = entry.returned.max(token);
+    }
+
     /// Deletes our claim on `lock` for acquisition `ticket`, unless a newer acquisition
     /// owns it (best effort: the controller drops stale claims anyway).
     pub(crate) async fn withdraw_claim(&self, lock: &str, ticket: super::book::Ticket) {
