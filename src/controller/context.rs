@@ -131,6 +131,9 @@ pub struct ClaimSeen {
     /// A hold was granted on it (seen held or given back on it): it is never granted
     /// again, however long it outlives the hold.
     pub served: bool,
+    /// When we first saw its hold given back by its claimant (a free Lease still naming
+    /// it): the claimant deletes it alongside.
+    pub given_back: Option<std::time::Instant>,
 }
 
 /// The controller's memory of one lock, valid for one leadership term.
@@ -408,7 +411,8 @@ mod tests {
             (
                 "a claim being timed",
                 with(&|m| {
-                    m.claims.insert("c1".into(), ClaimSeen { first: now, refresh: None, served: false });
+                    m.claims
+                        .insert("c1".into(), ClaimSeen { first: now, refresh: None, served: false, given_back: None });
                 }),
                 false,
             ),

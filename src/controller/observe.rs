@@ -76,7 +76,7 @@ pub async fn observe<'a>(
     let states: Vec<LeaseState> = leases.iter().map(|(_, l)| view::lease_state(l)).collect();
     let found = claims::of_lock(ctx, key, &spec_terms.timing);
 
-    let (ages, clocks, spent, misses) = ctx.with_memory(key, &uid, |m| {
+    let (ages, clocks, spent, given_back, misses) = ctx.with_memory(key, &uid, |m| {
         m.claims.retain(|uid, _| found.iter().any(|c| &c.uid == uid));
         let ages: Vec<(Duration, Duration)> = found
             .iter()
@@ -85,6 +85,7 @@ pub async fn observe<'a>(
                     first: now,
                     refresh: None,
                     served: false,
+                    given_back: None,
                 });
                 (now - Sighting::observe(&mut seen.refresh, c.renew_time.clone(), now), now - seen.first)
             })
@@ -108,6 +109,9 @@ pub async fn observe<'a>(
             });
             if let Some(seen) = served.and_then(|claim| m.claims.get_mut(&claim.uid)) {
                 seen.served = true;
+                if matches!(state, LeaseState::Free) {
+                    seen.given_back.get_or_insert(now);
+                }
             }
         }
         // Every claim a hold was granted on, for as long as it stands: the claimant's
@@ -130,7 +134,9 @@ pub async fn observe<'a>(
         if let Some(token) = answered.max() {
             m.misses.answered(token);
         }
-        (ages, clocks, spent, m.misses)
+        let given_back: Vec<(String, Duration)> =
+            m.claims.iter().filter_map(|(uid, seen)| Some((uid.clone(), now - seen.given_back?))).collect();
+        (ages, clocks, spent, given_back, m.misses)
     });
     let mut slots = Vec::with_capacity(leases.len());
     for (((slot, lease), state), clock) in leases.iter().zip(&states).zip(clocks) {
@@ -186,6 +192,7 @@ pub async fn observe<'a>(
         slots,
         claims,
         spent,
+        given_back,
         requests: if deleting { Vec::new() } else { requests(ctx, key) },
         executed: force_requests::executed(ctx, key, lock),
         required: force_requests::required(ctx, lock),

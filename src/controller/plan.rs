@@ -43,6 +43,12 @@ use slots::{SlotCase, decide_slots};
 /// deletion reaches us through no watch.
 pub const NOT_READY_RECHECK: Duration = Duration::from_secs(10);
 
+/// How long a claim whose hold its claimant gave back is left for the claimant to delete
+/// (it sends that delete with the give-back) before the controller deletes it: a delete
+/// of our own in that time would race the claimant's, and find the claim gone (404) or
+/// its claimant's next claim of the same name (409). It is never granted meanwhile.
+pub const GIVEN_BACK_GRACE: Duration = Duration::from_secs(1);
+
 /// A claim as observed: its age on our clock and whether its claimant may be served.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Waiting {
@@ -95,6 +101,10 @@ pub struct Observation<'a> {
     /// never granted again (a claimant deletes its claim as it releases, and the delete
     /// may land, or reach our cache, after the release).
     pub spent: Vec<String>,
+    /// Of those, the claims seen given back by their claimant (a free Lease still naming
+    /// them), and for how long: the claimant deletes such a claim as it gives the hold
+    /// back, so it is left to it for [`GIVEN_BACK_GRACE`].
+    pub given_back: Vec<(String, Duration)>,
     /// The lock's ForceReleaseRequests, oldest first.
     pub requests: Vec<Arc<ForceReleaseRequest>>,
     /// The request the lock records as carried out, with the token it revoked.
@@ -301,21 +311,30 @@ pub fn not_ready(lock: &DistributedLock, known: i64, approvals: u32, ready: Read
     }
 }
 
-/// The queue, split: live waiters in grant order, and stale claims to drop. The holders'
-/// own claims are neither; a claim that aged out, was already served, or whose claimant
-/// may not be served is stale.
-fn queue<'a>(o: &'a Observation, holders: &[&Identity]) -> (Vec<&'a Waiting>, Vec<Claim>) {
+/// The queue, split: live waiters in grant order, stale claims to drop, and when a claim
+/// left to its claimant is next due to be dropped. The holders' own claims are none of
+/// these; a claim that aged out, was already served, or whose claimant may not be served
+/// is stale — except one given back less than [`GIVEN_BACK_GRACE`] ago, which is left to
+/// the claimant deleting it (and never granted).
+fn queue<'a>(o: &'a Observation, holders: &[&Identity]) -> (Vec<&'a Waiting>, Vec<Claim>, Option<Duration>) {
     let mut live = Vec::new();
     let mut stale = Vec::new();
+    let mut due: Option<Duration> = None;
     for w in o.claims.iter().filter(|w| !holders.contains(&&w.claim.identity)) {
         let spent = o.spent.contains(&w.claim.uid);
-        if spent || w.unchanged_for >= w.claim.ttl || w.serveable == Some(false) {
+        let given_back_for = o.given_back.iter().find(|(uid, _)| *uid == w.claim.uid).map(|(_, d)| *d);
+        if let (true, Some(given_back_for)) = (spent, given_back_for)
+            && given_back_for < GIVEN_BACK_GRACE
+        {
+            let left = GIVEN_BACK_GRACE - given_back_for;
+            due = Some(due.map_or(left, |d| d.min(left)));
+        } else if spent || w.unchanged_for >= w.claim.ttl || w.serveable == Some(false) {
             stale.push(w.claim.clone());
         } else {
             live.push(w);
         }
     }
-    (live, stale)
+    (live, stale, due)
 }
 
 /// The Ready condition of a lock that cannot be granted.
@@ -492,7 +511,7 @@ pub fn plan(o: &Observation) -> Plan {
     let forced_slot = target_slot(&states, force_target);
 
     let holders: Vec<&Identity> = holds.iter().map(|h| &h.identity).collect();
-    let (live, stale) = queue(o, &holders);
+    let (live, stale, given_back_due) = queue(o, &holders);
     // Only waiters looked at and found serveable are served.
     let serveable: Vec<&Waiting> = live.iter().copied().take_while(|w| w.serveable == Some(true)).collect();
     let cases: Vec<SlotCase> = o
@@ -540,10 +559,10 @@ pub fn plan(o: &Observation) -> Plan {
     plan.status = Some(status);
 
     // Wake up for the next deadline: expiry, confirmation, max hold, drain, a claim going
-    // stale, a request expiring.
+    // stale or left to its claimant no longer, a request expiring.
     let claim_deadline = waiting.iter().map(|w| w.claim.ttl.saturating_sub(w.unchanged_for)).min();
     let request_deadline = settle::next_expiry(&judgements, o.wall);
-    plan.recheck = [plan.recheck, claim_deadline, request_deadline].into_iter().flatten().min();
+    plan.recheck = [plan.recheck, claim_deadline, request_deadline, given_back_due].into_iter().flatten().min();
     plan
 }
 

@@ -78,6 +78,7 @@ fn observation<'a>(lock: &'a DistributedLock, lease: &'a Lease, claims: Vec<Wait
         }],
         claims,
         spent: Vec::new(),
+        given_back: Vec::new(),
         requests: Vec::new(),
         executed: None,
         required: 0,
@@ -142,9 +143,8 @@ fn waiters_that_may_not_be_served_are_dropped_and_the_next_one_is_granted() {
 
 #[test]
 fn a_claim_already_served_is_never_granted_again() {
-    // The holder released; its claim, deleted by its claimant at the same time, is still
-    // there (or still cached). It is dropped: whichever delete lands first, the other
-    // finds it gone.
+    // A hold was granted on claim a (seen held, or written by us), and the claim is still
+    // there (or still cached) with no sign of being given back. It is dropped.
     let lock = lock();
     let lease = free();
     let mut o = observation(&lock, &lease, vec![waiting("a", 1, None), waiting("b", 2, Some(true))]);
@@ -161,6 +161,38 @@ fn a_claim_already_served_is_never_granted_again() {
     assert!(plan.grants.is_empty());
     assert!(status(&plan).waiters.is_empty());
     assert_eq!(names(&plan.stale), ["orders.u-a"]);
+}
+
+#[test]
+fn a_claim_given_back_moments_ago_is_left_to_its_claimant_then_dropped() {
+    // The holder released: the Lease is free and still names its claim, which its claimant
+    // deletes at the same time. Not granted, not shown waiting, and not deleted by us for
+    // the grace; rechecked when the grace ends.
+    let lock = lock();
+    let lease = free();
+    let mut o = observation(&lock, &lease, vec![waiting("a", 1, None), waiting("b", 2, Some(true))]);
+    o.spent = vec!["uid-a".into()];
+    o.given_back = vec![("uid-a".into(), Duration::from_millis(300))];
+    let plan = super::plan(&o);
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-b"), "the next claimant, not the one that just released");
+    assert!(plan.stale.is_empty(), "left to its claimant: {:?}", plan.stale);
+    assert!(status(&plan).waiters.is_empty(), "{:?}", status(&plan).waiters);
+    assert!(plan.recheck.is_some_and(|r| r <= GIVEN_BACK_GRACE - Duration::from_millis(300)), "{:?}", plan.recheck);
+
+    // Still there once the grace is over (its claimant died between its two writes): dropped.
+    let mut o = observation(&lock, &lease, vec![waiting("a", 1, None)]);
+    o.spent = vec!["uid-a".into()];
+    o.given_back = vec![("uid-a".into(), GIVEN_BACK_GRACE)];
+    let plan = super::plan(&o);
+    assert!(plan.grants.is_empty());
+    assert_eq!(names(&plan.stale), ["orders.u-a"]);
+
+    // The grace is for a given-back claim only: one merely waiting is neither held off
+    // nor dropped by it.
+    let mut o = observation(&lock, &lease, vec![waiting("a", 1, Some(true))]);
+    o.given_back = vec![("uid-other".into(), Duration::ZERO)];
+    let plan = super::plan(&o);
+    assert_eq!(holder_of(&plan).as_deref(), Some("u-a"));
 }
 
 #[test]
