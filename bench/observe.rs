@@ -81,6 +81,32 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
     out
 }
 
+impl Requests {
+    /// Every request in `self - before` (reads, watches and refusals too; reviews and
+    /// TokenRequests left out, as for writes), by `VERB resource code`. A WATCH counts when
+    /// it ends.
+    pub fn since(&self, before: &Requests) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for ((verb, resource, code), value) in &self.0 {
+            let delta = value - before.0.get(&(verb.clone(), resource.clone(), code.clone())).copied().unwrap_or(0.0);
+            let stored = !NOT_STORED.contains(&resource.as_str()) && !resource.ends_with("/token");
+            if delta > 0.0 && stored {
+                let resource = if resource.is_empty() { "(no resource)" } else { resource.as_str() };
+                *out.entry(format!("{verb} {resource} {code}")).or_insert(0.0) += delta;
+            }
+        }
+        out
+    }
+}
+
+/// `key n, ...` of `counts`, largest first, each divided by `per`.
+pub fn per_kind(counts: &BTreeMap<String, f64>, per: f64) -> String {
+    let mut items: Vec<(&String, &f64)> = counts.iter().collect();
+    items.sort_by(|a, b| b.1.total_cmp(a.1));
+    let parts: Vec<String> = items.iter().map(|(k, v)| format!("{k} {}", round2(**v / per))).collect();
+    if parts.is_empty() { "none".to_owned() } else { parts.join(", ") }
+}
+
 /// Write requests between two scrapes, by `VERB resource`, split by outcome.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Writes {
@@ -159,10 +185,7 @@ impl Writes {
 
     /// `VERB resource n, ...`, largest first, each divided by `per`.
     pub fn breakdown(&self, per: f64) -> String {
-        let mut items: Vec<(&String, &f64)> = self.ok.iter().collect();
-        items.sort_by(|a, b| b.1.total_cmp(a.1));
-        let parts: Vec<String> = items.iter().map(|(k, v)| format!("{k} {}", round2(**v / per))).collect();
-        if parts.is_empty() { "none".to_owned() } else { parts.join(", ") }
+        per_kind(&self.ok, per)
     }
 }
 

@@ -74,6 +74,11 @@ pub struct Throughput {
     pub conflicts_per_cycle: f64,
     /// Writes by kind per cycle.
     pub breakdown: String,
+    /// Every apiserver request per cycle (reads, watches and refusals too; background not
+    /// removed).
+    pub requests_per_cycle: f64,
+    /// Those by `VERB resource code` per cycle.
+    pub requests: String,
     /// Acquire latency (request to hold, including queueing) in the window.
     pub acquire_ms: Summary,
     /// CPU time of the apiserver, etcd, the controller and this process in the window.

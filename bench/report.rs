@@ -624,6 +624,24 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
         );
     }
 
+    if run.throughput.iter().any(|t| !t.requests.is_empty()) {
+        let _ = writeln!(
+            w,
+            "\nEvery request the apiserver answered in the same windows, per grant, by verb, resource and answer (reads, watches, 404s and 409s too; the background is not removed; a WATCH counts when it ends):\n\n| locks × clients | requests per grant | by kind per grant |\n|---|--:|---|"
+        );
+        for t in run.throughput.iter().filter(|t| !t.requests.is_empty()) {
+            let _ = writeln!(
+                w,
+                "| {} × {}{} | {:.2} | {} |",
+                t.locks,
+                t.clients_per_lock,
+                shape(t),
+                t.requests_per_cycle,
+                t.requests
+            );
+        }
+    }
+
     if !run.ceilings.is_empty() {
         let _ = writeln!(
             w,

@@ -142,6 +142,7 @@ pub async fn run(
     let writes = Writes::between(&before, &after, seconds);
     let net = writes.less_background(background);
     let n = in_window.len().max(1) as f64;
+    let requests = after.since(&before);
     Ok(Throughput {
         locks,
         clients_per_lock: clients,
@@ -155,6 +156,8 @@ pub async fn run(
         writes_per_cycle: net.total() / n,
         conflicts_per_cycle: writes.conflicts_total() / n,
         breakdown: net.breakdown(n),
+        requests_per_cycle: requests.values().sum::<f64>() / n,
+        requests: crate::observe::per_kind(&requests, n),
         acquire_ms: Summary::of(&in_window),
         cpu,
     })
