@@ -227,9 +227,10 @@ impl Claimant {
         let started = Instant::now();
         let ticket = self.claims.ticket(lock);
         let mut guard = Withdraw { claimant: self.clone(), lock: lock.to_owned(), ticket, armed: true };
-        // Read the lock, claim, and start watching the lock Lease at once: three round
-        // trips in the time of one. The watch's first list comes after the claim is sent,
-        // or shows no grant of ours yet; either way no grant can slip by.
+        // Read the lock, claim, and read the lock Lease's watch at once: the round trips in
+        // the time of one. The watch is this claimant's shared one (started now, or running
+        // since an earlier acquisition): it shows every change from its latest state on,
+        // and a grant on this claim can only be made after it is sent, so none slips by.
         let deadline = tokio::time::Instant::from_std(started + wait);
         let mut watches = SlotWatches::new(self.watches.clone(), lock);
         let (polled, mut polls) = futures::channel::mpsc::unbounded::<(u32, Option<Lease>)>();

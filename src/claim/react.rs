@@ -15,8 +15,9 @@
 //! answer never came (the request timed out or its connection broke) and which landed
 //! after all: the Lease shows the very renewTime we wrote. That hold is ours, its renew
 //! deadline counted from when we sent the write; it is taken if that deadline is still
-//! ahead, and given back at once otherwise (nobody else was ever told of it). While
-//! holding, anything but the Lease still granting our hold with our token means the hold
+//! ahead, and given back at once otherwise (nobody else was ever told of it). A Lease
+//! naming us with a token whose give-back we saw land is a view from before that write (a
+//! watch that has not caught up): nothing to do. While holding, anything but the Lease still granting our hold with our token means the hold
 //! is lost.
 
 use std::time::Instant;
@@ -90,7 +91,8 @@ pub struct Unanswered {
 /// What to do about a state of the lock Lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reaction {
-    /// Waiting, and the Lease does not exist: keep waiting.
+    /// Waiting, and the Lease does not exist, or shows a hold of ours whose give-back we
+    /// saw land (a view from before it): keep waiting.
     Wait,
     /// Waiting, and the Lease grants us nothing (free, held by someone else, or draining):
     /// keep waiting, after acknowledging the drain of our grant with token `acknowledge`
