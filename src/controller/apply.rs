@@ -119,15 +119,21 @@ async fn write_requests(t: &Target<'_>, updates: &[RequestUpdate]) -> (Vec<Force
             "status": update.status,
         });
         let params = PatchParams::apply(MANAGER_CONTROLLER).force();
-        if let Err(source) = api.patch_status(&update.name, &params, &Patch::Apply(patch)).await {
-            warn!(namespace = %key.namespace, request = %update.name, error = %source, "failed to write a force-release request's status");
-            first_error.get_or_insert(Error::Request {
-                namespace: key.namespace.clone(),
-                name: update.name.clone(),
-                source,
-            });
-            continue;
-        }
+        let stored = match api.patch_status(&update.name, &params, &Patch::Apply(patch)).await {
+            Ok(stored) => stored,
+            Err(source) => {
+                warn!(namespace = %key.namespace, request = %update.name, error = %source, "failed to write a force-release request's status");
+                first_error.get_or_insert(Error::Request {
+                    namespace: key.namespace.clone(),
+                    name: update.name.clone(),
+                    source,
+                });
+                continue;
+            }
+        };
+        // Until the cache shows it, later reconciles judge the request from this.
+        let status = stored.status.unwrap_or_else(|| update.status.clone());
+        ctx.with_memory(key, &t.lock.uid().unwrap_or_default(), |m| m.requests.insert(update.uid.clone(), status));
         record::request_written(ctx, t.lock, key, update);
         history.extend(update.entries.iter().cloned());
     }

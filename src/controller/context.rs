@@ -158,6 +158,11 @@ pub struct LockMemory {
     /// Grants revoked in a row, unconfirmed while their claims stood: the next waits
     /// longer for its confirmation ([`super::confirm`]).
     pub misses: super::confirm::Misses,
+    /// Per ForceReleaseRequest UID, the status this term last wrote to it, as the
+    /// apiserver stored it, until the cache shows it: a reconcile that reads the request
+    /// before its cache catches up judges it from this, so an end is written, counted and
+    /// put in the lock's history once ([`super::force_requests::current`]).
+    pub requests: HashMap<String, crate::crd::ForceReleaseRequestStatus>,
 }
 
 impl LockMemory {
@@ -185,6 +190,7 @@ impl LockMemory {
             && self.claims.is_empty()
             && status_at_rest
             && self.misses.none()
+            && self.requests.is_empty()
             && self.slots.values().all(|s| s.at_rest())
     }
 }

@@ -3,7 +3,6 @@
 //! the force-release requests, and the highest token known. Ages are judged here, on the
 //! controller's monotonic clock, and kept in its memory; nothing is decided.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -16,7 +15,7 @@ use super::error::Error;
 use super::plan::{self, HoldClock, Observation, SlotView, Waiting};
 use super::view::{self, LeaseState};
 use super::{claims, clocks, force_requests, pods, recreate};
-use crate::crd::{DistributedLock, ForceReleaseRequest};
+use crate::crd::DistributedLock;
 use crate::lease::clock::Sighting;
 use crate::lease::{GrantedTiming, Identity, token};
 
@@ -37,21 +36,6 @@ fn tokens<'a>(known: i64, leases: impl Iterator<Item = &'a Lease>, wall_ms: i64)
         }
     }
     Tokens::Known(highest)
-}
-
-/// The lock's ForceReleaseRequests from the cache, oldest first.
-fn requests(ctx: &Context, key: &LockKey) -> Vec<Arc<ForceReleaseRequest>> {
-    let mut mine: Vec<Arc<ForceReleaseRequest>> = ctx
-        .requests
-        .state()
-        .into_iter()
-        .filter(|r| r.namespace().as_deref() == Some(key.namespace.as_str()) && r.spec.lock == key.name)
-        .collect();
-    mine.sort_by(|a, b| {
-        (a.metadata.creation_timestamp.as_ref().map(|t| t.0), a.name_any())
-            .cmp(&(b.metadata.creation_timestamp.as_ref().map(|t| t.0), b.name_any()))
-    });
-    mine
 }
 
 /// One slot's clocks, judged on our clock and kept in memory: of the hold's renewal and
@@ -193,7 +177,7 @@ pub async fn observe<'a>(
         claims,
         spent,
         given_back,
-        requests: if deleting { Vec::new() } else { requests(ctx, key) },
+        requests: if deleting { Vec::new() } else { force_requests::current(ctx, key, &uid) },
         executed: force_requests::executed(ctx, key, lock),
         required: force_requests::required(ctx, lock),
         known,

@@ -31,6 +31,8 @@ pub struct Judgement {
 pub struct RequestUpdate {
     /// The request's name.
     pub name: String,
+    /// Its UID (what was written is remembered by it).
+    pub uid: String,
     /// Its new status.
     pub status: ForceReleaseRequestStatus,
     /// History entries for the lock, once the write lands.
@@ -118,7 +120,8 @@ pub fn updates(
             continue;
         }
         let entries = requests::entries(&name, &j.request.spec, previous, &next, now);
-        out.push(RequestUpdate { name, status: next, entries, ended: phase.is_final().then_some(phase) });
+        let uid = j.request.uid().unwrap_or_default();
+        out.push(RequestUpdate { name, uid, status: next, entries, ended: phase.is_final().then_some(phase) });
     }
     out
 }
