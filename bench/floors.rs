@@ -69,3 +69,68 @@ pub async fn lease_cas(leases: Api<Lease>, warmup: usize, samples: usize) -> any
         }),
     ))
 }
+
+/// One watch hop: a Lease CAS → the change it made arrived on a watch of that Lease (the
+/// bench's own, through the apiserver's watch cache), timed from the call and from its
+/// return. Grant and handoff each pass through two such hops.
+pub async fn watch_hop(leases: Api<Lease>, warmup: usize, samples: usize) -> anyhow::Result<Vec<Series>> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+
+    let name = "bench-floor-watch";
+    let params = PostParams::default();
+    let mut current = leases.create(&params, &floor_lease(name)).await.context("failed to create the watched Lease")?;
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(leases.clone(), config).boxed();
+    // Listed first: every later change then arrives as an event.
+    while !matches!(events.next().await.context("the watch ended")??, watcher::Event::InitDone) {}
+    let (mut from_call, mut from_return) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for i in 0..warmup + samples {
+        let mut next = current.clone();
+        next.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(MicroTime(Timestamp::now()));
+        let called = Instant::now();
+        current = leases.replace(name, &params, &next).await.context("failed to update the watched Lease")?;
+        let returned = Instant::now();
+        let version = current.metadata.resource_version.clone();
+        loop {
+            match events.next().await.context("the watch ended")?? {
+                watcher::Event::Apply(seen) if seen.metadata.resource_version == version => break,
+                _ => continue,
+            }
+        }
+        let seen = Instant::now();
+        if i >= warmup {
+            from_call.push(ms(seen - called));
+            from_return.push(ms(seen.saturating_duration_since(returned)));
+        }
+    }
+    drop(events);
+    leases.delete(name, &Default::default()).await.context("failed to delete the watched Lease")?;
+    let params = |start: &str| {
+        json!({
+            "client": "kube-rs (JSON), admin token, one client; the watch on its own connection",
+            "warmup": warmup,
+            "samples": samples,
+            "sample_start": start,
+            "sample_stop": "the watch event carrying the resourceVersion replace() returned was read from the watch",
+        })
+    };
+    Ok(vec![
+        Series::new(
+            "floor.watch_hop.from_call",
+            "Lease CAS called → the change read from a watch (kube-rs)",
+            "floor",
+            Panel::Fast,
+            from_call,
+            params("replace() called"),
+        ),
+        Series::new(
+            "floor.watch_hop.from_return",
+            "Lease CAS returned → the change read from a watch (kube-rs; 0 when it came first)",
+            "floor",
+            Panel::Fast,
+            from_return,
+            params("replace() returned"),
+        ),
+    ])
+}

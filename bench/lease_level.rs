@@ -41,6 +41,7 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
     let me = Identity::for_process();
     let base = dl.wait("status", WAIT, |d| d.status.is_some()).await?.1.status.unwrap_or_default().stats.releases;
     let (mut from_created, mut from_call) = (Vec::new(), Vec::new());
+    let (mut to_observed, mut from_observed) = (Vec::new(), Vec::new());
     for i in 0..warmup + samples {
         let want = base + i64::try_from(i).unwrap_or(0);
         dl.wait("the previous release recorded", WAIT, |d| d.status.as_ref().is_some_and(|s| s.stats.releases >= want))
@@ -48,12 +49,17 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
         let seen_before = grants.grants().len();
         let call = Instant::now();
         claims.create(&PostParams::default(), &edit::lock_claim(lock, &me, CLAIM_TTL, Timestamp::now())).await?;
-        let created = Instant::now();
+        let (created, created_wall) = (Instant::now(), Timestamp::now());
         let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
         ensure!(grant.holder == me.id, "granted to {}", grant.holder);
         if i >= warmup {
             from_created.push(ms_between(created, grant.seen));
             from_call.push(ms_between(call, grant.seen));
+            // The grant's acquireTime is the controller's wall clock when the reconcile that
+            // granted began to observe: it splits the latency at the controller.
+            let observed_after = wall_ms(created_wall, grant.acquire_time);
+            to_observed.push(observed_after);
+            from_observed.push(ms_between(created, grant.seen) - observed_after);
         }
         let lease = leases.get(lock).await?;
         let confirmed = confirm(&leases, lock, &lease).await?;
@@ -83,9 +89,37 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
         "Leasehold",
         Panel::Fast,
         from_call,
-        params,
+        params.clone(),
+    ));
+    let split = |part: &str| {
+        let mut p = params.clone();
+        p["part"] = json!(part);
+        p["clock"] =
+            json!("wall clock of one machine: the bench's at the create's return, the controller's in acquireTime");
+        p
+    };
+    run.series.push(Series::new(
+        "leasehold.lease.grant_to_reconcile",
+        "Leasehold grant latency, Lease level, part 1: claim created → the granting reconcile began (the Lease's acquireTime)",
+        "Leasehold",
+        Panel::Fast,
+        to_observed,
+        split("the claim's watch event reaching the controller, and its queue, up to the observation of the reconcile that granted"),
+    ));
+    run.series.push(Series::new(
+        "leasehold.lease.grant_from_reconcile",
+        "Leasehold grant latency, Lease level, part 2: the granting reconcile began → grant visible on a watch",
+        "Leasehold",
+        Panel::Fast,
+        from_observed,
+        split("the reconcile's observation and plan, the Lease CAS, and the watch event reaching the bench"),
     ));
     Ok(run)
+}
+
+/// Milliseconds from wall-clock instant `a` to `b` (negative if `b` is earlier).
+fn wall_ms(a: Timestamp, b: Timestamp) -> f64 {
+    b.duration_since(a).as_secs_f64() * 1000.0
 }
 
 /// Voluntary handoff at the Lease level between two claimant identities: the waiter's claim
@@ -105,6 +139,7 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
     let mut held = confirm(&leases, lock, &leases.get(lock).await?).await?;
     let (mut holder, mut waiter) = (&a, &b);
     let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
+    let (mut to_observed, mut from_observed) = (Vec::new(), Vec::new());
     for i in 0..warmup + samples {
         claims.create(&post, &edit::lock_claim(lock, waiter, CLAIM_TTL, Timestamp::now())).await?;
         dl.wait("the waiter queued", WAIT, |d| {
@@ -116,13 +151,16 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
         let seen_before = grants.grants().len();
         let call = Instant::now();
         leases.replace(lock, &post, &edit::released(&held)).await.context("release")?;
-        let returned = Instant::now();
+        let (returned, returned_wall) = (Instant::now(), Timestamp::now());
         let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
         ensure!(grant.holder == waiter.id, "granted to {} instead of the waiter", grant.holder);
         held = confirm(&leases, lock, &leases.get(lock).await?).await?;
         if i >= warmup {
             from_return.push(ms_between(returned, grant.seen));
             from_call.push(ms_between(call, grant.seen));
+            let observed_after = wall_ms(returned_wall, grant.acquire_time);
+            to_observed.push(observed_after);
+            from_observed.push(ms_between(returned, grant.seen) - observed_after);
         }
         std::mem::swap(&mut holder, &mut waiter);
     }
@@ -151,7 +189,30 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
         "Leasehold",
         Panel::Handoff,
         from_call,
-        params,
+        params.clone(),
+    ));
+    let split = |part: &str| {
+        let mut p = params.clone();
+        p["part"] = json!(part);
+        p["clock"] =
+            json!("wall clock of one machine: the bench's at the release's return, the controller's in acquireTime");
+        p
+    };
+    run.series.push(Series::new(
+        "leasehold.lease.handoff_to_reconcile",
+        "Leasehold voluntary handoff, Lease level, part 1: release CAS returned → the granting reconcile began (acquireTime)",
+        "Leasehold",
+        Panel::Handoff,
+        to_observed,
+        split("the free Lease's watch event reaching the controller, and its queue, up to the observation of the reconcile that granted"),
+    ));
+    run.series.push(Series::new(
+        "leasehold.lease.handoff_from_reconcile",
+        "Leasehold voluntary handoff, Lease level, part 2: the granting reconcile began → grant visible on a watch",
+        "Leasehold",
+        Panel::Handoff,
+        from_observed,
+        split("the reconcile's observation and plan, the Lease CAS, and the watch event reaching the bench"),
     ));
     Ok(run)
 }

@@ -323,7 +323,12 @@ async fn interleaved(
         let mut round = Run::default();
         for step in rounds::order(9, r) {
             let part = match step {
-                0 => Run { series: vec![floors::lease_cas(env.leases(), warmup, n).await?], ..Run::default() },
+                0 => {
+                    let cas = floors::lease_cas(env.leases(), warmup, n).await?;
+                    let mut series = vec![cas];
+                    series.extend(floors::watch_hop(env.leases(), warmup, n).await?);
+                    Run { series, ..Run::default() }
+                }
                 1 => {
                     let s = plain_cas::lease_cas(cp.server_url(), cp.ca_pem(), cp.admin_token(), env.name(), warmup, n);
                     Run { series: vec![s.await?], ..Run::default() }
