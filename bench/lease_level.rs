@@ -91,13 +91,7 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
         from_call,
         params.clone(),
     ));
-    let split = |part: &str| {
-        let mut p = params.clone();
-        p["part"] = json!(part);
-        p["clock"] =
-            json!("wall clock of one machine: the bench's at the create's return, the controller's in acquireTime");
-        p
-    };
+    let split = |part: &str| split_params(&params, "create", part);
     run.series.push(Series::new(
         "leasehold.lease.grant_to_reconcile",
         "Leasehold grant latency, Lease level, part 1: claim created → the granting reconcile began (the Lease's acquireTime)",
@@ -115,6 +109,17 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
         split("the reconcile's observation and plan, the Lease CAS, and the watch event reaching the bench"),
     ));
     Ok(run)
+}
+
+/// The parameters of one part of a series split at the granting reconcile: `params`, with
+/// the part and the clocks the split reads (the bench's at the return of `call`).
+fn split_params(params: &serde_json::Value, call: &str, part: &str) -> serde_json::Value {
+    let mut p = params.clone();
+    p["part"] = json!(part);
+    p["clock"] = json!(format!(
+        "wall clock of one machine: the bench's at the {call}'s return, the controller's in acquireTime"
+    ));
+    p
 }
 
 /// Milliseconds from wall-clock instant `a` to `b` (negative if `b` is earlier).
@@ -191,13 +196,7 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
         from_call,
         params.clone(),
     ));
-    let split = |part: &str| {
-        let mut p = params.clone();
-        p["part"] = json!(part);
-        p["clock"] =
-            json!("wall clock of one machine: the bench's at the release's return, the controller's in acquireTime");
-        p
-    };
+    let split = |part: &str| split_params(&params, "release", part);
     run.series.push(Series::new(
         "leasehold.lease.handoff_to_reconcile",
         "Leasehold voluntary handoff, Lease level, part 1: release CAS returned → the granting reconcile began (acquireTime)",

@@ -17,8 +17,8 @@
 //! deadline counted from when we sent the write; it is taken if that deadline is still
 //! ahead, and given back at once otherwise (nobody else was ever told of it). A Lease
 //! naming us with a token whose give-back we saw land is a view from before that write (a
-//! watch that has not caught up): nothing to do. While holding, anything but the Lease still granting our hold with our token means the hold
-//! is lost.
+//! watch that has not caught up): nothing to do. While holding, anything but the Lease
+//! still granting our hold with our token means the hold is lost.
 
 use std::time::Instant;
 
