@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::observe::Latest;
 use crate::plan::Settle;
 use crate::record::{Panel, Run, Series};
-use crate::stats::ms_between;
+use crate::stats::{ms_between, wall_ms};
 use crate::support::Env;
 use crate::support::watch::GrantLog;
 
@@ -120,11 +120,6 @@ fn split_params(params: &serde_json::Value, call: &str, part: &str) -> serde_jso
         "wall clock of one machine: the bench's at the {call}'s return, the controller's in acquireTime"
     ));
     p
-}
-
-/// Milliseconds from wall-clock instant `a` to `b` (negative if `b` is earlier).
-fn wall_ms(a: Timestamp, b: Timestamp) -> f64 {
-    b.duration_since(a).as_secs_f64() * 1000.0
 }
 
 /// Voluntary handoff at the Lease level between two claimant identities: the waiter's claim

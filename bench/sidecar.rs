@@ -6,13 +6,15 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
+use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use leasehold::crd::{DistributedLock, DistributedLockSpec};
+use leasehold::crd::{DistributedLock, DistributedLockSpec, LockClaim};
 use rand::Rng;
 use serde_json::{Value, json};
 
+use crate::acquire_split::{self, AcquireSplit};
 use crate::lease_writes::OtherLeaseWrites;
 use crate::observe::{Latest, Writes, memory, scrape};
 use crate::plan::Settle;
@@ -90,20 +92,32 @@ pub async fn uncontended(
     let others = OtherLeaseWrites::start(admin.clone(), env.name(), lock).await?;
     let dl = Latest::start(env.locks(), lock);
     let base = stats(&dl.wait("status", WAIT, |d| d.status.is_some()).await?.1).releases;
-    let (mut acquire, mut release) = (Vec::new(), Vec::new());
+    let mut grants = GrantLog::start(env.leases(), lock);
+    let claims: Api<LockClaim> = Api::namespaced(env.ns.client.clone(), env.name());
+    let (mut acquire, mut release, mut split) = (Vec::new(), Vec::new(), AcquireSplit::default());
     let mut before = None;
     let mut last_token = 0;
     for i in 0..warmup + samples {
         if i == warmup {
             before = Some((scrape(admin).await?, Instant::now()));
         }
-        let started = Instant::now();
+        let seen_before = grants.grants().len();
+        let (started, sent) = (Instant::now(), Timestamp::now());
         let (status, body) = sidecar.acquire(lock, 30.0).await;
         let acquired = Instant::now();
         ensure!(status == 200, "acquire answered {status}: {body}");
         let token = body["fencingToken"].as_i64().context("acquire answered without a token")?;
         ensure!(token > last_token, "token {token} after {last_token}");
         last_token = token;
+        // Read after the answer, outside the sample: where the acquire's time went.
+        let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
+        ensure!(grant.token == token, "the watch saw token {} for the answer's {token}", grant.token);
+        if i >= warmup {
+            let holder = body["holder"].as_str().context("acquire answered without a holder")?;
+            let requested = acquire_split::request_time(&claims, lock, holder).await?;
+            let total = ms_between(started, acquired);
+            split.push(total, sent, requested, grant.acquire_time, ms_between(grant.seen, acquired));
+        }
         let (status, body) = sidecar.release(lock).await;
         let released = Instant::now();
         ensure!(status == 200 && body["wasHeld"] == json!(true), "release answered {status}: {body}");
@@ -137,6 +151,7 @@ pub async fn uncontended(
         acquire,
         params.clone(),
     ));
+    run.series.extend(split.series(&params));
     run.series.push(Series::new(
         "leasehold.release",
         "Leasehold release via sidecar HTTP (request → 200)",

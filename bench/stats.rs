@@ -65,3 +65,8 @@ pub fn ms(d: std::time::Duration) -> f64 {
 pub fn ms_between(a: std::time::Instant, b: std::time::Instant) -> f64 {
     if b >= a { ms(b - a) } else { -ms(a - b) }
 }
+
+/// Milliseconds from wall-clock instant `a` to `b` (negative if `b` is earlier).
+pub fn wall_ms(a: jiff::Timestamp, b: jiff::Timestamp) -> f64 {
+    b.duration_since(a).as_secs_f64() * 1000.0
+}
