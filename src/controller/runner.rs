@@ -14,7 +14,7 @@ use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
+use tracing::{Instrument, debug};
 
 use super::context::{Context, LockKey};
 use super::dispatch::{Dispatch, Recheck};
@@ -47,7 +47,10 @@ pub async fn run(
                 match locks.get(&ObjectRef::<DistributedLock>::new(&key.name).within(&key.namespace)) {
                     Some(lock) => running.push(reconcile_one(key, lock, ctx.clone())),
                     // An event of a lock already gone (its Leases', claims' last ones).
-                    None => due.finished(key, None),
+                    None => {
+                        debug!(namespace = %key.namespace, lock = %key.name, "not cached: not reconciled");
+                        due.finished(key, None);
+                    }
                 }
             }
         }
@@ -58,12 +61,19 @@ pub async fn run(
         tokio::select! {
             () = stop.cancelled(), if !stopping => stopping = true,
             // The writer is dropped only with its stream, which this loop owns.
-            _ = &mut cached, if !ready => ready = true,
+            _ = &mut cached, if !ready => {
+                debug!("lock cache listed: reconciles start");
+                ready = true;
+            }
             Some((key, recheck)) = running.next(), if !running.is_empty() => {
                 due.finished(key, recheck.map(|after| Instant::now() + after));
             }
-            Some(key) = triggers.next(), if !stopping => due.trigger(key),
+            Some(key) = triggers.next(), if !stopping => {
+                debug!(namespace = %key.namespace, lock = %key.name, "lock due");
+                due.trigger(key);
+            }
             Some(()) = regained.next(), if !stopping => {
+                debug!(locks = locks.len(), "leadership regained: every lock due");
                 for lock in locks.state() {
                     due.trigger(LockKey::of(&lock));
                 }
