@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::dispatch::Recheck;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -39,12 +39,12 @@ pub struct Target<'a> {
 }
 
 /// Makes the writes of `plan` and records each as it lands; says when to look again.
-pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Recheck, Error> {
+pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
     let (ctx, lock, key) = (t.ctx, t.lock, t.key);
     // Leadership lost while observing and planning: a replica that no longer leads
     // writes nothing.
     if !ctx.leadership.is_leading() {
-        return Ok(None);
+        return Ok(Action::await_change());
     }
     if let Some(first) = &plan.first {
         match first {
@@ -52,7 +52,7 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Recheck, Error> {
             First::Refuse(_) => force::clear(ctx, lock, key).await?,
         }
         record::first(ctx, lock, key, first);
-        return Ok(None);
+        return Ok(Action::await_change());
     }
     let uid = lock.uid().unwrap_or_default();
     for write in &plan.leases {
@@ -72,7 +72,7 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Recheck, Error> {
     }
     if plan.finish {
         finalize::finish(ctx, lock, key).await?;
-        return Ok(None);
+        return Ok(Action::await_change());
     }
     let claim_store = CasStore::<LockClaim>::new(ctx.client.clone(), &key.namespace, MANAGER_CONTROLLER);
     for revoked in &plan.revocations {
@@ -102,7 +102,7 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Recheck, Error> {
     cleared?;
     requests?;
     let recheck = plan.recheck.into_iter().chain(held_back).min();
-    Ok(recheck.map(|d| d.max(Duration::from_millis(10))))
+    Ok(recheck.map_or_else(Action::await_change, |d| Action::requeue(d.max(Duration::from_millis(10)))))
 }
 
 /// Writes each request's new status; returns the history entries of those that landed,
