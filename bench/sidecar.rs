@@ -118,6 +118,7 @@ pub async fn uncontended(
             let total = ms_between(started, acquired);
             split.push(total, sent, requested, grant.acquire_time, ms_between(grant.seen, acquired));
         }
+        let releasing = Instant::now();
         let (status, body) = sidecar.release(lock).await;
         let released = Instant::now();
         ensure!(status == 200 && body["wasHeld"] == json!(true), "release answered {status}: {body}");
@@ -125,7 +126,7 @@ pub async fn uncontended(
         dl.wait("the release recorded in status", WAIT, |d| stats(d).releases >= want).await?;
         if i >= warmup {
             acquire.push(ms_between(started, acquired));
-            release.push(ms_between(acquired, released));
+            release.push(ms_between(releasing, released));
         }
     }
     // Let the asynchronous Events of the last cycle land inside the window.
