@@ -8,9 +8,10 @@ use anyhow::Context as _;
 use jiff::Timestamp;
 use kube::Api;
 use leasehold::crd::LockClaim;
-use serde_json::{Value, json};
+use leasehold::lease::Identity;
+use serde_json::Value;
 
-use crate::record::{Panel, Series};
+use crate::record::{Panel, Series, part_params};
 use crate::stats::wall_ms;
 
 /// One acquire's parts, per sample.
@@ -61,10 +62,10 @@ impl AcquireSplit {
             .iter()
             .zip(self.parts)
             .map(|((key, label, holds), samples)| {
-                let mut p = params.clone();
-                p["part"] = json!(holds);
-                p["clock"] = json!(
-                    "wall clocks of one machine: the bench's at the send, the sidecar's in requestTime, the controller's in acquireTime; the bench's monotonic clock for the watch"
+                let p = part_params(
+                    params,
+                    holds,
+                    "wall clocks of one machine: the bench's at the send, the sidecar's in requestTime, the controller's in acquireTime; the bench's monotonic clock for the watch",
                 );
                 Series::new(
                     &format!("leasehold.acquire_{key}"),
@@ -82,13 +83,7 @@ impl AcquireSplit {
 /// The `requestTime` of the claim `holder` holds `lock` on, read by name: a LIST of the
 /// namespace's claims took about 90 ms here, and held each lock that much longer.
 pub async fn request_time(claims: &Api<LockClaim>, lock: &str, holder: &str) -> anyhow::Result<Timestamp> {
-    // The name `Identity::claim_name` gives: a Pod's `<pod>_<uid>` claims `<lock>.<uid>`,
-    // anyone else's `<user>/<suffix>` claims `<lock>.<suffix>`.
-    let suffix = match holder.rsplit_once('/') {
-        Some((_, suffix)) => suffix,
-        None => holder.rsplit_once('_').map_or(holder, |(_, uid)| uid),
-    };
-    let name = format!("{lock}.{suffix}");
+    let name = Identity::parse(holder).claim_name(lock);
     let claim = claims.get(&name).await.with_context(|| format!("get claim {name} of {holder}"))?;
     anyhow::ensure!(claim.spec.claimant == holder, "claim {name} is {}'s, not {holder}'s", claim.spec.claimant);
     Ok(claim.spec.request_time.0)

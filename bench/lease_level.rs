@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::observe::Latest;
 use crate::plan::Settle;
-use crate::record::{Panel, Run, Series};
+use crate::record::{Panel, Run, Series, part_params};
 use crate::stats::{ms_between, wall_ms};
 use crate::support::Env;
 use crate::support::watch::GrantLog;
@@ -114,12 +114,9 @@ pub async fn grant_latency(env: &Env, lock: &str, warmup: usize, samples: usize)
 /// The parameters of one part of a series split at the granting reconcile: `params`, with
 /// the part and the clocks the split reads (the bench's at the return of `call`).
 fn split_params(params: &serde_json::Value, call: &str, part: &str) -> serde_json::Value {
-    let mut p = params.clone();
-    p["part"] = json!(part);
-    p["clock"] = json!(format!(
-        "wall clock of one machine: the bench's at the {call}'s return, the controller's in acquireTime"
-    ));
-    p
+    let clock =
+        format!("wall clock of one machine: the bench's at the {call}'s return, the controller's in acquireTime");
+    part_params(params, part, &clock)
 }
 
 /// Voluntary handoff at the Lease level between two claimant identities: the waiter's claim

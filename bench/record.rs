@@ -202,3 +202,12 @@ impl Run {
         self.failures.extend(other.failures);
     }
 }
+
+/// The parameters of one part of a split series: `params`, with what the `part` holds and
+/// the `clock`s the split reads.
+pub fn part_params(params: &Value, part: &str, clock: &str) -> Value {
+    let mut p = params.clone();
+    p["part"] = serde_json::json!(part);
+    p["clock"] = serde_json::json!(clock);
+    p
+}
