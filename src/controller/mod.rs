@@ -11,6 +11,7 @@
 
 pub mod apply;
 pub mod build;
+pub mod caches;
 pub mod claim_index;
 pub mod claims;
 pub mod clocks;
@@ -64,6 +65,7 @@ use crate::lease::election::{Elector, Leadership};
 use crate::lease::{LeaseStore, Timing};
 use crate::metrics::{ControllerMetrics, WebhookMetrics};
 use crate::supervise::Completion;
+use caches::Synced;
 use claim_index::ClaimIndex;
 use context::{Context, Settings};
 
@@ -380,72 +382,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     crate::supervise::supervise(tasks, shutdown).await
 }
 
-/// Which watch caches have completed their first list, and which have been failing.
-#[derive(Clone, Default)]
-struct Synced(Arc<Mutex<[CacheHealth; 5]>>);
-
-/// The health of one watch cache.
-#[derive(Clone, Copy, Default)]
-struct CacheHealth {
-    synced: bool,
-    /// Since when every watch attempt has failed (cleared by any event).
-    failing_since: Option<std::time::Instant>,
-}
-
 /// Keeps watch errors away from the controller. Each watch already retries with its own
-/// backoff and reports failures to [`Synced`]; an error reaching the controller would
+/// backoff and reports failures to [`caches::Synced`]; an error reaching the controller would
 /// make it back off its whole trigger stream — and with it the polling that keeps every
 /// cache current — for up to 30 s, growing with each error (seen after apiserver
 /// restarts: the Lease cache missed every new claim for tens of seconds, and only the
 /// claimant it already knew was ever granted).
 fn only_objects<K>(item: &Result<K, watcher::Error>) -> futures::future::Ready<bool> {
     futures::future::ready(item.is_ok())
-}
-
-/// A cache failing for this long makes the replica unready: its view of locks is stale.
-const WATCH_FAILURE_GRACE: Duration = Duration::from_secs(30);
-
-impl Synced {
-    const NAMES: [&'static str; 5] = ["distributedlocks", "forcereleaserequests", "leases", "lockclaims", "pods"];
-
-    /// An `inspect` callback tracking cache `name`: synced at its first `InitDone`,
-    /// failing while watch attempts fail.
-    fn marker<K>(&self, name: &'static str) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + use<K> {
-        let index = Self::NAMES.iter().position(|n| *n == name).expect("a known cache");
-        let health = self.0.clone();
-        move |event| {
-            let mut health = health.lock().expect("cache health is never poisoned");
-            let cache = &mut health[index];
-            match event {
-                Ok(e) => {
-                    cache.failing_since = None;
-                    if matches!(e, watcher::Event::InitDone) && !cache.synced {
-                        cache.synced = true;
-                        info!(cache = name, "watch cache synced");
-                    }
-                }
-                Err(error) => {
-                    if cache.failing_since.is_none() {
-                        tracing::warn!(cache = name, %error, "watch failing");
-                        cache.failing_since = Some(std::time::Instant::now());
-                    }
-                }
-            }
-        }
-    }
-
-    /// `Ok` once every cache has synced and none has been failing for long; else names
-    /// those that are not well.
-    fn check(&self) -> Result<(), String> {
-        let health = *self.0.lock().expect("cache health is never poisoned");
-        let mut problems = Vec::new();
-        for (name, cache) in Self::NAMES.iter().zip(health) {
-            if !cache.synced {
-                problems.push(format!("{name}: not synced"));
-            } else if let Some(since) = cache.failing_since.filter(|s| s.elapsed() > WATCH_FAILURE_GRACE) {
-                problems.push(format!("{name}: watch failing for {}s", since.elapsed().as_secs()));
-            }
-        }
-        if problems.is_empty() { Ok(()) } else { Err(format!("watch caches not well: {}", problems.join("; "))) }
-    }
 }
