@@ -28,6 +28,8 @@ mod plain_cas;
 mod plan;
 mod record;
 mod report;
+mod report_costs;
+mod request_cost;
 mod rounds;
 mod scale;
 mod sidecar;
@@ -210,6 +212,19 @@ async fn bench() -> anyhow::Result<bool> {
     let children = cp.child_pids();
     metered.extend(["kube-apiserver", "etcd"].into_iter().filter_map(|c| cpu::find(&children, c).map(|pid| (c, pid))));
     let meter = cpu::Meter::new(&metered);
+    // What each kind of request a grant makes costs the apiserver, in a namespace of its own
+    // that no controller reconciles: read against the throughput runs' requests per grant.
+    phase(&mut run, began, "apiserver CPU per request, by kind", async {
+        let (apiserver, etcd) = (cpu::find(&children, "kube-apiserver"), cpu::find(&children, "etcd"));
+        let pids = request_cost::Pids {
+            apiserver: apiserver.context("no kube-apiserver process")?,
+            etcd: etcd.context("no etcd process")?,
+        };
+        let costs = Env::new("bench-cost").await;
+        let request_costs = request_cost::run(&admin, costs.name(), &pids, plan.rounds, plan.cost_requests).await?;
+        Ok(Run { request_costs, ..Default::default() })
+    })
+    .await;
     for &locks in &plan.throughput_locks {
         // The apiserver's ceiling first, from as many clients as the run below has (one per
         // lock), for the same warm-up and window: the run's writes are read against it.

@@ -79,6 +79,9 @@ pub struct Plan {
     /// Throughput window.
     #[serde(serialize_with = "secs")]
     pub throughput_window: Duration,
+    /// Requests of each kind per round when measuring what each costs the apiserver (in
+    /// `rounds` rounds).
+    pub cost_requests: usize,
     /// Crash-failover lock pairs run in parallel.
     pub crash_pairs: usize,
     /// Crash-failover rounds per pair.
@@ -143,6 +146,7 @@ impl Plan {
             permit_runs: vec![(10, 30, 0), (10, 30, 3)],
             throughput_warmup: Duration::from_secs(8),
             throughput_window: Duration::from_secs(20),
+            cost_requests: 100,
             crash_pairs: 4,
             crash_rounds: 8,
             etcd_put: 500,
@@ -178,6 +182,7 @@ impl Plan {
             permit_runs: vec![(3, 9, 0), (3, 9, 1)],
             throughput_warmup: Duration::from_secs(3),
             throughput_window: Duration::from_secs(5),
+            cost_requests: 20,
             crash_pairs: 2,
             crash_rounds: 1,
             etcd_put: 100,

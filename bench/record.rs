@@ -79,10 +79,30 @@ pub struct Throughput {
     pub requests_per_cycle: f64,
     /// Those by `VERB resource code` per cycle.
     pub requests: String,
+    /// The same, by `VERB resource code`: requests per cycle.
+    pub request_counts: BTreeMap<String, f64>,
     /// Acquire latency (request to hold, including queueing) in the window.
     pub acquire_ms: Summary,
     /// CPU time of the apiserver, etcd, the controller and this process in the window.
     pub cpu: crate::cpu::Usage,
+}
+
+/// What one request of a kind costs the apiserver, from one client sending that kind back
+/// to back.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestCost {
+    /// The kind, as `apiserver_request_total` names it: `VERB resource code`.
+    pub key: String,
+    /// What was sent.
+    pub what: String,
+    /// Requests timed.
+    pub requests: usize,
+    /// kube-apiserver CPU time per request, ms.
+    pub apiserver_ms: f64,
+    /// etcd CPU time per request, ms.
+    pub etcd_ms: f64,
+    /// Each request's round trip, ms.
+    pub wall_ms: Summary,
 }
 
 /// The apiserver's write ceiling: raw Lease compare-and-swaps per second from some
@@ -173,6 +193,8 @@ pub struct Run {
     pub memory: Vec<Memory>,
     /// CPU time per 1,000 grants, one row per process.
     pub cpu: Vec<WriteCount>,
+    /// The apiserver's CPU time per request, by kind.
+    pub request_costs: Vec<RequestCost>,
     /// Versions, machine facts, parameters, sizes.
     pub facts: BTreeMap<String, Value>,
     /// Phases: wall time and the load they ran under.
@@ -197,6 +219,7 @@ impl Run {
         self.writes.extend(other.writes);
         self.memory.extend(other.memory);
         self.cpu.extend(other.cpu);
+        self.request_costs.extend(other.request_costs);
         self.facts.extend(other.facts);
         self.notes.extend(other.notes);
         self.failures.extend(other.failures);

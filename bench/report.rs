@@ -667,6 +667,7 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     }
 
     cpu_table(w, run);
+    crate::report_costs::tables(w, run);
 
     for t in run.throughput.iter().filter(|t| !t.error_kinds.is_empty()) {
         let _ = writeln!(
@@ -783,7 +784,7 @@ fn cpu_table(w: &mut String, run: &Run) {
 
 /// A throughput row's locks, when they are not mutexes: " (10 permits)", " (10 permits,
 /// 3 writing)".
-fn shape(t: &crate::record::Throughput) -> String {
+pub fn shape(t: &crate::record::Throughput) -> String {
     match (t.permits, t.writers_per_lock) {
         (1, 0) => String::new(),
         (p, 0) => format!(" ({p} permits)"),

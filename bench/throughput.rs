@@ -158,6 +158,7 @@ pub async fn run(
         breakdown: net.breakdown(n),
         requests_per_cycle: requests.values().sum::<f64>() / n,
         requests: crate::observe::per_kind(&requests, n),
+        request_counts: requests.iter().map(|(k, v)| (k.clone(), v / n)).collect(),
         acquire_ms: Summary::of(&in_window),
         cpu,
     })
