@@ -19,7 +19,7 @@ pub fn tables(w: &mut String, run: &Run) {
     let cas = costs.iter().find(|c| c.key == LEASE_CAS).map(|c| c.apiserver_ms);
     let _ = writeln!(
         w,
-        "\n## What each request costs the apiserver\n\nOne client sends each kind back to back ({} of each, in interleaved rounds after an untimed one), in a namespace no controller reconciles and no client watches; the CPU time of kube-apiserver and etcd (`utime + stime` of `/proc/<pid>/stat`) over each batch, divided by its requests.\n\n| request | what was sent | apiserver CPU per request (ms) | ÷ one Lease CAS | etcd CPU per request (ms) | round trip p50 / p99 (ms) |\n|---|---|--:|--:|--:|--:|",
+        "\n## What each request costs the apiserver\n\nOne client sends each kind back to back ({} of each, in interleaved rounds after an untimed one), in a namespace no controller reconciles and no client watches; the CPU time of kube-apiserver and etcd (`utime + stime` of `/proc/<pid>/stat`) over each batch, divided by its requests.\n\n| request | what was sent | apiserver CPU per request (ms) | ÷ a lock Lease CAS | etcd CPU per request (ms) | round trip p50 / p99 (ms) |\n|---|---|--:|--:|--:|--:|",
         first.requests
     );
     for c in costs {
