@@ -304,6 +304,26 @@ pub fn mean_interval(changes: &BTreeMap<String, Vec<Instant>>) -> Option<Duratio
     (n > 0).then(|| total / n)
 }
 
+/// How many files this process has open now (sockets included).
+pub fn open_files() -> anyhow::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/fd")?.count())
+}
+
+/// Waits until this process has at most `most` files open, checking every 100 ms, for at
+/// most `limit`. Returns how long that took, or `None` if they were still open at the end.
+pub async fn files_closed(most: usize, limit: Duration) -> anyhow::Result<Option<Duration>> {
+    let started = Instant::now();
+    loop {
+        if open_files()? <= most {
+            return Ok(Some(started.elapsed()));
+        }
+        if started.elapsed() >= limit {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A measuring window over loops already running in `tasks`: waits `warmup`, scrapes the
 /// apiserver's counters and reads `meter`'s processes' CPU time at both ends of `window`,
 /// then sets `stop` and gives the loops `drain` to end (aborting them after that). Returns

@@ -56,6 +56,15 @@ impl Shape {
 /// and leave.
 const DRAIN: Duration = Duration::from_secs(120);
 
+/// How long a run's leftovers get to close their connections before the next run starts:
+/// claimants cut off at the end of [`DRAIN`] withdraw their claims in the background, and
+/// their Lease watches linger 30 s after their last reader. With 1,000 locks × 10
+/// claimants that is ~10,000 watches and as many withdrawals at once.
+const SETTLE: Duration = Duration::from_secs(180);
+
+/// Open files a run may leave behind (the admin client's connections, the runtime's own).
+const LEFT_OPEN: usize = 256;
+
 /// How long a claimant waits for a grant: longer than any run (the drain ends those still
 /// waiting), so that it waits its turn however long the queue. With 10 claimants on each
 /// of 1,000 locks a turn of the queue outlasts a wait of minutes; claimants that gave up
@@ -86,6 +95,7 @@ pub async fn run(
         .into_iter()
         .collect::<anyhow::Result<Vec<()>>>()?;
 
+    let files_before = crate::observe::open_files()?;
     let stop = Arc::new(AtomicBool::new(false));
     // (acquire returned, acquire latency ms) per cycle; errors by instant.
     let cycles: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
@@ -125,6 +135,23 @@ pub async fn run(
     // Everyone still queued is granted in turn and leaves; give that a bounded time.
     let ((before, start), (after, end), cpu) =
         crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, DRAIN).await?;
+
+    // The next run starts with this one's connections closed, so that it neither runs out
+    // of open files nor shares the machine with this run's leftovers.
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    let settled = crate::observe::files_closed(files_before + LEFT_OPEN, SETTLE).await?;
+    match settled {
+        Some(took) if took >= Duration::from_secs(1) => {
+            eprintln!("bench: {locks} × {clients}: the run's connections closed {:.1} s after it", took.as_secs_f64());
+        }
+        Some(_) => {}
+        None => eprintln!(
+            "bench: {locks} × {clients}: {} files still open {} s after the run (before it: {files_before})",
+            crate::observe::open_files()?,
+            SETTLE.as_secs()
+        ),
+    }
 
     let inside = |t: &Instant| *t >= start && *t < end;
     let cycles = cycles.lock().expect("not poisoned");
