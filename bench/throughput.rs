@@ -136,57 +136,61 @@ pub async fn run(
     let ((before, start), (after, end), cpu) =
         crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, DRAIN).await?;
 
-    // The next run starts with this one's connections closed, so that it neither runs out
-    // of open files nor shares the machine with this run's leftovers.
+    // The sample lists' mutex guards end here, before the wait for the leftovers.
+    let result = {
+        let inside = |t: &Instant| *t >= start && *t < end;
+        let cycles = cycles.lock().expect("not poisoned");
+        let in_window: Vec<f64> = cycles.iter().filter(|(t, _)| inside(t)).map(|(_, ms)| *ms).collect();
+        let errors = errors.lock().expect("not poisoned");
+        let failed: Vec<&String> = errors.iter().filter(|(t, _)| inside(t)).map(|(_, e)| e).collect();
+        // A few distinct failures, by category, to say what went wrong.
+        let mut kinds: BTreeMap<String, (usize, String)> = BTreeMap::new();
+        for e in &failed {
+            let category = e.split(':').next().unwrap_or("").to_owned();
+            kinds.entry(category).or_insert((0, (*e).clone())).0 += 1;
+        }
+        let error_kinds = kinds.into_iter().map(|(k, (n, example))| format!("{k} ×{n}, e.g. {example}")).collect();
+        let seconds = (end - start).as_secs_f64();
+        let writes = Writes::between(&before, &after, seconds);
+        let net = writes.less_background(background);
+        let n = in_window.len().max(1) as f64;
+        let requests = after.since(&before);
+        Throughput {
+            locks,
+            clients_per_lock: clients,
+            permits: shape.permits,
+            writers_per_lock: shape.writers,
+            cycles: in_window.len(),
+            seconds,
+            per_second: in_window.len() as f64 / seconds,
+            errors: failed.len(),
+            error_kinds,
+            writes_per_cycle: net.total() / n,
+            conflicts_per_cycle: writes.conflicts_total() / n,
+            breakdown: net.breakdown(n),
+            requests_per_cycle: requests.values().sum::<f64>() / n,
+            requests: crate::observe::per_kind(&requests, n),
+            request_counts: requests.iter().map(|(k, v)| (k.clone(), v / n)).collect(),
+            acquire_ms: Summary::of(&in_window),
+            cpu,
+        }
+    };
+    settle(&mut tasks, locks, clients, files_before).await;
+    Ok(result)
+}
+
+/// Ends what is left of a run — claimants cut off at the end of [`DRAIN`] — and waits for
+/// their connections to close, so that the next run neither runs out of open files nor
+/// shares the machine with this one's leftovers. Said on stderr if they do not close in
+/// [`SETTLE`].
+async fn settle(tasks: &mut tokio::task::JoinSet<()>, locks: usize, clients: usize, files_before: usize) {
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    let settled = crate::observe::files_closed(files_before + LEFT_OPEN, SETTLE).await?;
-    match settled {
+    match crate::observe::files_closed(files_before + LEFT_OPEN, SETTLE).await {
         Some(took) if took >= Duration::from_secs(1) => {
             eprintln!("bench: {locks} × {clients}: the run's connections closed {:.1} s after it", took.as_secs_f64());
         }
         Some(_) => {}
-        None => eprintln!(
-            "bench: {locks} × {clients}: {} files still open {} s after the run (before it: {files_before})",
-            crate::observe::open_files()?,
-            SETTLE.as_secs()
-        ),
+        None => eprintln!("bench: {locks} × {clients}: files still open {} s after the run", SETTLE.as_secs()),
     }
-
-    let inside = |t: &Instant| *t >= start && *t < end;
-    let cycles = cycles.lock().expect("not poisoned");
-    let in_window: Vec<f64> = cycles.iter().filter(|(t, _)| inside(t)).map(|(_, ms)| *ms).collect();
-    let errors = errors.lock().expect("not poisoned");
-    let failed: Vec<&String> = errors.iter().filter(|(t, _)| inside(t)).map(|(_, e)| e).collect();
-    // A few distinct failures, by category, to say what went wrong.
-    let mut kinds: BTreeMap<String, (usize, String)> = BTreeMap::new();
-    for e in &failed {
-        let category = e.split(':').next().unwrap_or("").to_owned();
-        kinds.entry(category).or_insert((0, (*e).clone())).0 += 1;
-    }
-    let error_kinds = kinds.into_iter().map(|(k, (n, example))| format!("{k} ×{n}, e.g. {example}")).collect();
-    let seconds = (end - start).as_secs_f64();
-    let writes = Writes::between(&before, &after, seconds);
-    let net = writes.less_background(background);
-    let n = in_window.len().max(1) as f64;
-    let requests = after.since(&before);
-    Ok(Throughput {
-        locks,
-        clients_per_lock: clients,
-        permits: shape.permits,
-        writers_per_lock: shape.writers,
-        cycles: in_window.len(),
-        seconds,
-        per_second: in_window.len() as f64 / seconds,
-        errors: failed.len(),
-        error_kinds,
-        writes_per_cycle: net.total() / n,
-        conflicts_per_cycle: writes.conflicts_total() / n,
-        breakdown: net.breakdown(n),
-        requests_per_cycle: requests.values().sum::<f64>() / n,
-        requests: crate::observe::per_kind(&requests, n),
-        request_counts: requests.iter().map(|(k, v)| (k.clone(), v / n)).collect(),
-        acquire_ms: Summary::of(&in_window),
-        cpu,
-    })
 }
