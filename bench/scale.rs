@@ -66,6 +66,10 @@ pub async fn run(
     let mut created = 0;
     let mut rates = Vec::new();
     for &count in &plan.counts {
+        // The apiserver's writes while this step's locks are created and reconciled, per
+        // new lock: what a start or a re-list costs it.
+        let requests_before = scrape(admin).await?;
+        let new_locks = count.saturating_sub(created);
         let started = Instant::now();
         let api = env.locks();
         let results: Vec<Result<DistributedLock, kube::Error>> = futures::stream::iter(created..count)
@@ -117,6 +121,23 @@ pub async fn run(
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let reconciled_s = started.elapsed().as_secs_f64();
+        let during = Writes::between(&requests_before, &scrape(admin).await?, reconciled_s).less_background(background);
+        let per = new_locks.max(1) as f64;
+        run.writes.push(WriteCount {
+            what: format!(
+                "apiserver writes per new lock while {new_locks} locks are created and reconciled (the bench's own creates included)"
+            ),
+            value: during.total() / per,
+            unit: "writes/lock".into(),
+            breakdown: during.breakdown(per),
+            params: json!({
+                "locks_created": new_locks,
+                "locks_after": count,
+                "window_s": reconciled_s,
+                "raw_writes": during.total(),
+                "conflicts": during.conflicts_total(),
+            }),
+        });
         // Let allocations settle, then read.
         tokio::time::sleep(Duration::from_secs(5)).await;
         run.memory.push(controller_memory(
