@@ -115,7 +115,7 @@ async fn phase<F: Future<Output = anyhow::Result<Run>>>(run: &mut Run, began: In
 /// Lease watch holds an HTTP/1.1 connection, whose two ends both live on this machine —
 /// ~20,000 sockets in the bench and as many in the apiserver. A lower limit would measure
 /// the limit, not Leasehold.
-fn open_files() -> u64 {
+fn raise_open_files_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let most = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
     if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
@@ -152,7 +152,10 @@ async fn bench() -> anyhow::Result<bool> {
     );
     let bins = peers::Bins::in_dir(&cache.join("peers"))?;
     output::facts(&mut run, &repo, &plan);
-    run.facts.insert("open files limit (this process and the control plane it starts)".into(), json!(open_files()));
+    run.facts.insert(
+        "open files limit (this process and the control plane it starts)".into(),
+        json!(raise_open_files_limit()),
+    );
     let measured = Instant::now();
 
     let env = Env::new("bench").await;
