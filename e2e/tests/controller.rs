@@ -1,7 +1,7 @@
 //! The controller against the real control plane: FIFO grants with increasing tokens,
 //! expiry judged on its own clock (never early), restarts, HA, conflicts, schema
-//! validation, and quiet status. Revocations that drain are in `drain.rs`; the lock
-//! Lease's ownership and tokens in `lease.rs`.
+//! validation, quiet status, and a status put back when removed. Revocations that drain
+//! are in `drain.rs`; the lock Lease's ownership and tokens in `lease.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -11,11 +11,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::claim::edit;
-use leasehold::crd::{DistributedLock, DistributedLockSpec, LockClaim};
+use leasehold::crd::{DistributedLock, DistributedLockSpec, DistributedLockStatus, LockClaim};
 use serde_json::json;
 
 use crate::support::watch::{GrantLog, until};
@@ -428,6 +428,65 @@ async fn idle_and_steadily_held_locks_cause_no_status_writes_for_30_seconds() {
         renew_after.0.duration_since(renew_before.0) >= jiff::SignedDuration::from_secs(25),
         "the hold kept renewing"
     );
+    assert!(hold.is_held());
+    hold.release().await;
+}
+
+/// Removes `lock`'s status the moment after `written` shows, as an administrator could;
+/// returns the status the controller writes again.
+async fn remove_status(env: &Env, lock: &str) -> DistributedLockStatus {
+    let removal = Patch::Merge(json!({ "status": null }));
+    env.locks().patch_status(lock, &PatchParams::default(), &removal).await.expect("remove the status");
+    until(&env.locks(), lock, WAIT, "the status written again", |l: &DistributedLock| l.status.is_some())
+        .await
+        .status
+        .expect("status")
+}
+
+#[tokio::test]
+async fn a_free_locks_status_removed_right_after_it_was_written_is_written_again() {
+    let env = Env::new("rewrite-free").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, fast()).await;
+    let written = until(&env.locks(), LOCK, WAIT, "the lock's first status", |l: &DistributedLock| l.status.is_some())
+        .await
+        .status
+        .expect("status");
+    let restored = remove_status(&env, LOCK).await;
+    // The same status, but for when its conditions changed: a lock at rest is not kept in
+    // the controller's memory, so it learns them anew when it writes them again.
+    let unstamped = |mut status: DistributedLockStatus| {
+        status
+            .conditions
+            .iter_mut()
+            .for_each(|c| c.last_transition_time = written.conditions[0].last_transition_time.clone());
+        status
+    };
+    assert_eq!(unstamped(restored.clone()), unstamped(written.clone()), "the status written again is the one removed");
+    for (again, before) in restored.conditions.iter().zip(&written.conditions) {
+        assert!(again.last_transition_time.0 >= before.last_transition_time.0, "{again:?} went back in time");
+    }
+}
+
+#[tokio::test]
+async fn a_held_locks_status_removed_right_after_it_was_written_is_written_again_unchanged() {
+    // The controller remembers the status it wrote for a held lock, and a reconcile that
+    // does not see it waits a moment for the write's own event: a status removed meanwhile
+    // must still be put back once that moment has passed, not taken for the write on its way.
+    let env = Env::new("rewrite-held").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, fast()).await;
+    let a = env.pod("a").await;
+    env.wait_claim_rbac(&a).await;
+    let hold = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("acquire");
+    let written = until(&env.locks(), LOCK, WAIT, "the holder in status", |l: &DistributedLock| {
+        l.status.as_ref().and_then(|s| s.holder.as_ref()).is_some_and(|h| h.fencing_token == hold.token())
+    })
+    .await
+    .status
+    .expect("status");
+    let restored = remove_status(&env, LOCK).await;
+    assert_eq!(restored, written, "the status written again is the one removed");
     assert!(hold.is_held());
     hold.release().await;
 }

@@ -143,7 +143,8 @@ async fn write_requests(t: &Target<'_>, updates: &[RequestUpdate]) -> (Vec<Force
 /// Applies the status that follows, if it differs from the last one written. What this
 /// reconcile did is kept in memory until a status write succeeds, so a failed status
 /// write loses nothing and counts nothing twice. A change to the waiting queue alone may
-/// be held back a moment ([`coalesce`]): then returns when to look again.
+/// be held back a moment, and a status just written is not applied again before the cache
+/// has had a moment to show it ([`coalesce`]): then returns when to look again.
 async fn apply_status(
     t: &Target<'_>,
     plan: StatusPlan,
@@ -178,9 +179,16 @@ async fn apply_status(
         ready: &plan.ready,
         approvals: i32::try_from(plan.approvals).unwrap_or(i32::MAX),
     });
-    if desired == previous && lock.status.is_some() {
-        ctx.with_memory(key, &uid, |m| m.pending = None);
-        return Ok(None);
+    if desired == previous {
+        // Written already. A reconcile that starts right after the write (an event of its
+        // own writes) may not see it yet, in its copy of the lock or in the cache; it waits
+        // for the write's own event rather than applying the same status again.
+        let shown = lock.status.is_some() || cached.as_ref().is_some_and(|c| c.status.is_some());
+        let wait = if shown { None } else { coalesce::await_written(since_written) };
+        if shown || wait.is_some() {
+            ctx.with_memory(key, &uid, |m| m.pending = None);
+            return Ok(wait);
+        }
     }
     // Only a reconcile with nothing to record may hold its write back.
     let nothing_to_record = outcome == status::Outcome::default();

@@ -6,6 +6,9 @@
 //! written once the moment has passed. Everything else — a holder, a token, a counter, a
 //! condition, the queue becoming empty or non-empty — is written at once. Status is never
 //! where a decision is read from, so holding the queue back changes no grant.
+//!
+//! Nor is a status applied again that was written moments ago but that no copy of the lock
+//! shows yet: the write's own event is on its way and reconciles the lock.
 
 use std::time::Duration;
 
@@ -28,6 +31,19 @@ pub fn hold_back(
         DistributedLockStatus { waiters: queue.0, queue_length: queue.1, ..desired.clone() } == *previous
     };
     (waiting && queue_only()).then_some(remaining)
+}
+
+/// How long after a status write a reconcile that does not see it yet waits for the cache,
+/// instead of applying the same status again.
+pub const UNSEEN_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a status equal to the one written `since_written` ago (unknown: not at all),
+/// which no copy of the lock shows yet, waits for the cache rather than being applied
+/// again. The write's own watch event arrives within milliseconds and reconciles the lock;
+/// past the grace the status is applied again, since it may have been removed after the
+/// write. `None`: apply now.
+pub fn await_written(since_written: Option<Duration>) -> Option<Duration> {
+    UNSEEN_GRACE.checked_sub(since_written?).filter(|d| !d.is_zero())
 }
 
 #[cfg(test)]
@@ -91,5 +107,19 @@ mod tests {
     fn the_first_waiter_is_written_at_once() {
         let free_queue = status("a", 5, &[]);
         assert_eq!(hold_back(&free_queue, &status("a", 5, &["b"]), Some(MS)), None);
+    }
+
+    #[test]
+    fn a_status_not_yet_seen_waits_for_the_cache_only_within_the_grace() {
+        let table: Vec<(&str, Option<Duration>, Option<Duration>)> = vec![
+            ("written just now", Some(Duration::ZERO), Some(UNSEEN_GRACE)),
+            ("written 200 ms ago", Some(200 * MS), Some(UNSEEN_GRACE - 200 * MS)),
+            ("the grace has passed: applied again", Some(UNSEEN_GRACE), None),
+            ("long ago: applied again", Some(60 * UNSEEN_GRACE), None),
+            ("never written in this term: applied", None, None),
+        ];
+        for (case, since_written, want) in table {
+            assert_eq!(await_written(since_written), want, "{case}");
+        }
     }
 }
