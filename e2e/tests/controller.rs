@@ -432,8 +432,8 @@ async fn idle_and_steadily_held_locks_cause_no_status_writes_for_30_seconds() {
     hold.release().await;
 }
 
-/// Removes `lock`'s status the moment after `written` shows, as an administrator could;
-/// returns the status the controller writes again.
+/// Removes `lock`'s status at once, as an administrator could; returns the status the
+/// controller writes again.
 async fn remove_status(env: &Env, lock: &str) -> DistributedLockStatus {
     let removal = Patch::Merge(json!({ "status": null }));
     env.locks().patch_status(lock, &PatchParams::default(), &removal).await.expect("remove the status");
