@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::discovery::{Discovery, verbs};
@@ -77,6 +77,10 @@ async fn the_packaged_chart_uninstalls_leaving_only_the_kept_crds_and_their_lock
     let cluster = ChartCluster::start().await;
     let admin = cluster.admin.clone();
     let app = cluster.cp.namespace("app").await;
+    // kube-controller-manager gives every new namespace its `default` ServiceAccount; the
+    // inventory before the install must already hold it, or it counts as left behind.
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), &app.name);
+    until(&accounts, "default", WAIT, "the app namespace's default ServiceAccount", |_| true).await;
     let before = inventory(&admin).await;
 
     let notes = cluster.helm_apply_chart(&chart, "install", &[]).await;
