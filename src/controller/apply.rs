@@ -15,10 +15,11 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
+use super::coalesce::{self, StatusWrite};
 use super::context::{AppliedStatus, Context, LockKey};
 use super::error::Error;
 use super::plan::{First, LeaseWrite, Plan, RequestUpdate, StatusPlan};
-use super::{claims, coalesce, finalize, force, lock_lease, record, status};
+use super::{claims, finalize, force, lock_lease, record, status};
 use crate::crd::{DistributedLock, ForceReleaseEntry, ForceReleaseRequest, LockClaim, MANAGER_CONTROLLER};
 use crate::lease::{CasStore, LeaseStore};
 
@@ -179,22 +180,22 @@ async fn apply_status(
         ready: &plan.ready,
         approvals: i32::try_from(plan.approvals).unwrap_or(i32::MAX),
     });
-    if desired == previous {
-        // Written already. A reconcile that starts right after the write (an event of its
-        // own writes) may not see it yet, in its copy of the lock or in the cache; it waits
-        // for the write's own event rather than applying the same status again.
-        let shown = lock.status.is_some() || cached.as_ref().is_some_and(|c| c.status.is_some());
-        let wait = if shown { None } else { coalesce::await_written(since_written) };
-        if shown || wait.is_some() {
-            ctx.with_memory(key, &uid, |m| m.pending = None);
-            return Ok(wait);
-        }
-    }
+    // A reconcile that starts right after a write (an event of its own writes) may not see
+    // it yet, in its copy of the lock or in the cache: it waits for the write's own event
+    // rather than applying the same status again.
+    let shown = lock.status.is_some() || cached.as_ref().is_some_and(|c| c.status.is_some());
     // Only a reconcile with nothing to record may hold its write back.
-    let nothing_to_record = outcome == status::Outcome::default();
-    if let Some(wait) = coalesce::hold_back(&previous, &desired, since_written).filter(|_| nothing_to_record) {
-        ctx.with_memory(key, &uid, |m| m.pending = None);
-        return Ok(Some(wait));
+    let to_record = outcome != status::Outcome::default();
+    match coalesce::status_write(&previous, &desired, since_written, shown, to_record) {
+        StatusWrite::Apply => {}
+        StatusWrite::Skip => {
+            ctx.with_memory(key, &uid, |m| m.pending = None);
+            return Ok(None);
+        }
+        StatusWrite::Wait(wait) => {
+            ctx.with_memory(key, &uid, |m| m.pending = None);
+            return Ok(Some(wait));
+        }
     }
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let patch = json!({

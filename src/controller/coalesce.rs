@@ -24,7 +24,7 @@ pub fn hold_back(
     desired: &DistributedLockStatus,
     since_written: Option<Duration>,
 ) -> Option<Duration> {
-    let remaining = QUEUE_SETTLE.checked_sub(since_written?).filter(|d| !d.is_zero())?;
+    let remaining = remaining(QUEUE_SETTLE, since_written)?;
     let waiting = previous.queue_length > 0 && desired.queue_length > 0;
     let queue_only = || {
         let queue = (previous.waiters.clone(), previous.queue_length);
@@ -43,7 +43,49 @@ pub const UNSEEN_GRACE: Duration = Duration::from_secs(1);
 /// past the grace the status is applied again, since it may have been removed after the
 /// write. `None`: apply now.
 pub fn await_written(since_written: Option<Duration>) -> Option<Duration> {
-    UNSEEN_GRACE.checked_sub(since_written?).filter(|d| !d.is_zero())
+    remaining(UNSEEN_GRACE, since_written)
+}
+
+/// What of `window` is left `since` the last status write (unknown: nothing).
+fn remaining(window: Duration, since: Option<Duration>) -> Option<Duration> {
+    window.checked_sub(since?).filter(|d| !d.is_zero())
+}
+
+/// What a reconcile does with the status it wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// Apply it now.
+    Apply,
+    /// Nothing to write: the lock shows it already.
+    Skip,
+    /// Not now: look again after this long (the write's own event, or the next grant's
+    /// write, usually comes first).
+    Wait(Duration),
+}
+
+/// The status write for `desired`, given `previous` (the status last written in this
+/// term, else the lock's own), when that write was made, whether any copy of the lock
+/// (the reconcile's or the cache's) shows a status at all, and whether this reconcile has
+/// something to record (a grant, a revocation, a force-release, a counter).
+pub fn status_write(
+    previous: &DistributedLockStatus,
+    desired: &DistributedLockStatus,
+    since_written: Option<Duration>,
+    shown: bool,
+    to_record: bool,
+) -> StatusWrite {
+    if desired == previous {
+        if shown {
+            return StatusWrite::Skip;
+        }
+        if let Some(wait) = await_written(since_written) {
+            return StatusWrite::Wait(wait);
+        }
+    }
+    match hold_back(previous, desired, since_written).filter(|_| !to_record) {
+        Some(wait) => StatusWrite::Wait(wait),
+        None => StatusWrite::Apply,
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +149,53 @@ mod tests {
     fn the_first_waiter_is_written_at_once() {
         let free_queue = status("a", 5, &[]);
         assert_eq!(hold_back(&free_queue, &status("a", 5, &["b"]), Some(MS)), None);
+    }
+
+    #[test]
+    fn each_status_is_applied_skipped_or_waited_for() {
+        use StatusWrite::{Apply, Skip, Wait};
+        let written = status("a", 5, &["b", "c"]);
+        let joined = status("a", 5, &["b", "c", "d"]);
+        let granted = status("b", 6, &["c"]);
+        // (case, desired, since written, shown, something to record, expected)
+        type Row<'a> = (&'a str, &'a DistributedLockStatus, Option<Duration>, bool, bool, StatusWrite);
+        let table: Vec<Row> = vec![
+            ("unchanged and shown", &written, Some(10 * MS), true, false, Skip),
+            ("unchanged and shown, written long ago", &written, Some(60 * UNSEEN_GRACE), true, false, Skip),
+            ("unchanged and shown, write unknown", &written, None, true, false, Skip),
+            (
+                "unchanged, not shown yet: its event is on its way",
+                &written,
+                Some(10 * MS),
+                false,
+                false,
+                Wait(UNSEEN_GRACE - 10 * MS),
+            ),
+            (
+                "unchanged, not shown past the grace: removed, applied again",
+                &written,
+                Some(UNSEEN_GRACE),
+                false,
+                false,
+                Apply,
+            ),
+            ("unchanged, not shown, never written in this term", &written, None, false, false, Apply),
+            (
+                "the queue alone changed within the settle",
+                &joined,
+                Some(10 * MS),
+                true,
+                false,
+                Wait(QUEUE_SETTLE - 10 * MS),
+            ),
+            ("the queue alone changed, but something to record", &joined, Some(10 * MS), true, true, Apply),
+            ("the queue alone changed after the settle", &joined, Some(QUEUE_SETTLE), true, false, Apply),
+            ("a new holder", &granted, Some(10 * MS), true, false, Apply),
+            ("a new holder, not shown yet", &granted, Some(10 * MS), false, false, Apply),
+        ];
+        for (case, desired, since, shown, to_record, want) in table {
+            assert_eq!(status_write(&written, desired, since, shown, to_record), want, "{case}");
+        }
     }
 
     #[test]
