@@ -492,6 +492,28 @@ async fn a_held_locks_status_removed_right_after_it_was_written_is_written_again
 }
 
 #[tokio::test]
+async fn the_controllers_finalizer_and_status_are_under_its_own_field_manager() {
+    let env = Env::new("managers").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, fast()).await;
+    let lock = until(&env.locks(), LOCK, WAIT, "the finalizer and the status", |l: &DistributedLock| {
+        l.status.is_some() && l.finalizers().iter().any(|f| f == leasehold::crd::FINALIZER)
+    })
+    .await;
+    let entries = lock.metadata.managed_fields.clone().unwrap_or_default();
+    let owners = |field: &str| -> Vec<String> {
+        entries
+            .iter()
+            .filter(|e| e.fields_v1.as_ref().is_some_and(|f| f.0.to_string().contains(field)))
+            .map(|e| e.manager.clone().unwrap_or_default())
+            .collect()
+    };
+    let controller = [leasehold::crd::MANAGER_CONTROLLER];
+    assert_eq!(owners("\"f:finalizers\""), controller, "the finalizer's field managers: {entries:#?}");
+    assert_eq!(owners("\"f:status\""), controller, "the status's field managers: {entries:#?}");
+}
+
+#[tokio::test]
 async fn only_the_locks_clients_are_granted() {
     let env = Env::new("clients").await;
     let _controller = env.controller(&["--leader-elect=false"]).await;

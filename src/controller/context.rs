@@ -8,15 +8,22 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::PatchParams;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use crate::crd::{DistributedLock, DistributedLockStatus, ForceReleaseRequest, LockClaim};
+use crate::crd::{DistributedLock, DistributedLockStatus, ForceReleaseRequest, LockClaim, MANAGER_CONTROLLER};
 use crate::lease::clock::Sighting;
 use crate::lease::election::Leadership;
 use crate::metrics::ControllerMetrics;
+
+/// The parameters of the controller's merge patches: under its own field manager, as its
+/// server-side applies are, so that every field it owns names it.
+pub fn merge_patch_params() -> PatchParams {
+    PatchParams { field_manager: Some(MANAGER_CONTROLLER.into()), ..PatchParams::default() }
+}
 
 /// Controller settings that reconciles read.
 #[derive(Clone, Debug)]

@@ -5,10 +5,10 @@
 //! finalizer is removed by hand, garbage collection still deletes it.
 
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use serde_json::json;
 
-use super::context::{Context, LockKey};
+use super::context::{Context, LockKey, merge_patch_params};
 use super::error::Error;
 use crate::crd::{DistributedLock, FINALIZER};
 
@@ -30,7 +30,7 @@ async fn set(ctx: &Context, lock: &DistributedLock, key: &LockKey, ours: bool) -
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     // The finalizer list is replaced whole: only if the lock is unchanged since read.
     let patch = json!({"metadata": {"resourceVersion": lock.resource_version(), "finalizers": with(lock, ours)}});
-    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ()).map_err(|source| {
+    api.patch(&key.name, &merge_patch_params(), &Patch::Merge(patch)).await.map(|_| ()).map_err(|source| {
         Error::Finalizer {
             verb: if ours { "add" } else { "remove" },
             namespace: key.namespace.clone(),

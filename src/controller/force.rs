@@ -14,10 +14,10 @@
 use std::collections::BTreeMap;
 
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use serde_json::json;
 
-use super::context::{Context, LockKey};
+use super::context::{Context, LockKey, merge_patch_params};
 use super::error::Error;
 use crate::crd::{
     ANNOTATION_FORCE_RELEASE, ANNOTATION_FORCE_RELEASE_BY, ANNOTATION_FORCE_RELEASE_TARGET, DistributedLock,
@@ -87,7 +87,7 @@ pub async fn stamp(ctx: &Context, lock: &DistributedLock, key: &LockKey, target:
         "resourceVersion": lock.resource_version(),
         "annotations": {ANNOTATION_FORCE_RELEASE_TARGET: target},
     }});
-    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
+    api.patch(&key.name, &merge_patch_params(), &Patch::Merge(patch))
         .await
         .map(|_| ())
         .map_err(|e| annotation_error(e, key))
@@ -102,7 +102,7 @@ pub async fn clear(ctx: &Context, lock: &DistributedLock, key: &LockKey) -> Resu
         "resourceVersion": lock.resource_version(),
         "annotations": {ANNOTATION_FORCE_RELEASE: null, ANNOTATION_FORCE_RELEASE_BY: null, ANNOTATION_FORCE_RELEASE_TARGET: null},
     }});
-    api.patch(&key.name, &PatchParams::default(), &Patch::Merge(patch))
+    api.patch(&key.name, &merge_patch_params(), &Patch::Merge(patch))
         .await
         .map(|_| ())
         .map_err(|e| annotation_error(e, key))
