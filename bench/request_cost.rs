@@ -231,7 +231,7 @@ fn status(n: i64) -> DistributedLockStatus {
         last_transition_time: time.clone(),
     };
     DistributedLockStatus {
-        holder: Some(holder.clone()),
+        holder: Some(Box::new(holder.clone())),
         holders: vec![holder.clone()],
         held_permits: Some("1/1".to_owned()),
         fencing_token: Some(holder.fencing_token),

@@ -237,7 +237,10 @@ pub struct DistributedLockStatus {
     /// The current holder (of a lock with more permits, the one on the lowest slot),
     /// absent when the lock is free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub holder: Option<HolderStatus>,
+    // Boxed, as `last_force_release` is: both are absent from most locks, and the
+    // controller caches every lock; inline, they would take 256 of each cached lock's
+    // bytes whether set or not (the schema is the same).
+    pub holder: Option<Box<HolderStatus>>,
     /// Every current holder, by slot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<HolderStatus>,
@@ -259,7 +262,7 @@ pub struct DistributedLockStatus {
     pub stats: LockStats,
     /// The latest forced release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_force_release: Option<ForceRelease>,
+    pub last_force_release: Option<Box<ForceRelease>>,
     /// How many approvals a force release of this lock needs, as the controller applies
     /// it (`spec.forceRelease.approvals`, else the controller's default). 0: the
     /// `leasehold.dev/force-release` annotation acts at once.

@@ -113,7 +113,7 @@ mod tests {
             waited_seconds: 0.0,
         };
         DistributedLockStatus {
-            holder: Some(holder.clone()),
+            holder: Some(Box::new(holder.clone())),
             holders: vec![holder],
             fencing_token: Some(token),
             waiters: waiters.iter().map(|w| waiter(w)).collect(),

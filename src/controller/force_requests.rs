@@ -69,10 +69,10 @@ pub fn executed(ctx: &Context, key: &LockKey, lock: &DistributedLock) -> Option<
         m.pending
             .as_ref()
             .and_then(|p| p.forced.as_ref())
-            .or_else(|| m.status.as_ref().and_then(AppliedStatus::status).and_then(|s| s.last_force_release.as_ref()))
+            .or_else(|| m.status.as_ref().and_then(AppliedStatus::status).and_then(|s| s.last_force_release.as_deref()))
             .and_then(of)
     });
-    remembered.or_else(|| lock.status.as_ref()?.last_force_release.as_ref().and_then(of))
+    remembered.or_else(|| lock.status.as_ref()?.last_force_release.as_deref().and_then(of))
 }
 
 #[cfg(test)]

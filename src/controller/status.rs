@@ -170,7 +170,11 @@ fn holder_status(h: &SlotHold, previous: Option<&HolderStatus>, granted: Option<
 /// The holders a status lists: `holders`, or its one `holder` if written before there
 /// were several.
 pub fn listed(status: &DistributedLockStatus) -> Vec<&HolderStatus> {
-    if status.holders.is_empty() { status.holder.iter().collect() } else { status.holders.iter().collect() }
+    if status.holders.is_empty() {
+        status.holder.as_deref().into_iter().collect()
+    } else {
+        status.holders.iter().collect()
+    }
 }
 
 fn drain_message(d: &LeaseDrain) -> String {
@@ -226,7 +230,7 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
     };
     let held = condition(&previous.conditions, "Held", ok, reason, message, i.now, i.generation);
     DistributedLockStatus {
-        holder: holders.first().cloned(),
+        holder: holders.first().cloned().map(Box::new),
         held_permits: Some(format!("{}/{}", holders.len(), i.permits)),
         holders,
         fencing_token: Some(previous.fencing_token.unwrap_or(0).max(i.token)).filter(|t| *t > 0),
@@ -243,7 +247,7 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
             .collect(),
         queue_length: i32::try_from(i.waiters.len()).unwrap_or(i32::MAX),
         stats,
-        last_force_release: i.outcome.forced.clone().or_else(|| previous.last_force_release.clone()),
+        last_force_release: i.outcome.forced.clone().map(Box::new).or_else(|| previous.last_force_release.clone()),
         force_release_approvals: Some(i.approvals),
         force_release_history: super::requests::append(&previous.force_release_history, &i.outcome.history, HISTORY),
         conditions: vec![ready, held],

@@ -52,7 +52,11 @@ pub fn setup(
         }
         let spec = GrantedTiming::of_spec(&lock.spec);
         let listed = lock.status.as_ref().map(|s| {
-            if s.holders.is_empty() { s.holder.iter().collect::<Vec<_>>() } else { s.holders.iter().collect() }
+            if s.holders.is_empty() {
+                s.holder.as_deref().into_iter().collect::<Vec<_>>()
+            } else {
+                s.holders.iter().collect()
+            }
         });
         let status = listed.unwrap_or_default().into_iter().find(|h| u32::try_from(h.slot).ok() == Some(slot));
         let orphan = recreate::orphan(seen, status, &spec);
