@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::dispatch::Recheck;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -40,12 +40,12 @@ pub struct Target<'a> {
 }
 
 /// Makes the writes of `plan` and records each as it lands; says when to look again.
-pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
+pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Recheck, Error> {
     let (ctx, lock, key) = (t.ctx, t.lock, t.key);
     // Leadership lost while observing and planning: a replica that no longer leads
     // writes nothing.
     if !ctx.leadership.is_leading() {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     if let Some(first) = &plan.first {
         match first {
@@ -53,7 +53,7 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
             First::Refuse(_) => force::clear(ctx, lock, key).await?,
         }
         record::first(ctx, lock, key, first);
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let uid = lock.uid().unwrap_or_default();
     for write in &plan.leases {
@@ -73,7 +73,7 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
     }
     if plan.finish {
         finalize::finish(ctx, lock, key).await?;
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let claim_store = CasStore::<LockClaim>::new(ctx.client.clone(), &key.namespace, MANAGER_CONTROLLER);
     for revoked in &plan.revocations {
@@ -103,7 +103,7 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Action, Error> {
     cleared?;
     requests?;
     let recheck = plan.recheck.into_iter().chain(held_back).min();
-    Ok(recheck.map_or_else(Action::await_change, |d| Action::requeue(d.max(Duration::from_millis(10)))))
+    Ok(recheck.map(|d| d.max(Duration::from_millis(10))))
 }
 
 /// Writes each request's new status; returns the history entries of those that landed,

@@ -178,6 +178,12 @@ impl LockMemory {
         self.slots.entry(slot).or_default()
     }
 
+    /// Whether a write of this term is not yet shown by the caches: a status as written,
+    /// or a slot Lease as written. Its own watch event settles it.
+    pub fn awaits_cache(&self) -> bool {
+        matches!(self.status, Some(AppliedStatus::Written(_))) || self.slots.values().any(|s| s.written.is_some())
+    }
+
     /// Whether this memory holds nothing that the next reconcile would not rebuild from
     /// the caches exactly as it is, so that forgetting it changes no decision: nothing
     /// pending, no claim or hold being timed, no write the cache has not caught up with, no
@@ -270,6 +276,12 @@ impl Context {
             **memory = LockMemory { uid: uid.to_owned(), ..LockMemory::default() };
         }
         f(memory)
+    }
+
+    /// Whether `key`'s memory of this term awaits the caches ([`LockMemory::awaits_cache`]).
+    pub fn awaits_cache(&self, key: &LockKey) -> bool {
+        let guard = self.memory.lock().expect("controller memory is never poisoned");
+        guard.0 == self.leadership.term() && guard.1.get(key).is_some_and(|m| m.awaits_cache())
     }
 
     /// Forgets the memory of `key` if it is at rest ([`LockMemory::at_rest`]).

@@ -19,6 +19,7 @@ pub mod coalesce;
 pub mod confirm;
 pub mod context;
 pub mod decide;
+pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod finalize;
@@ -35,6 +36,7 @@ pub mod reconcile;
 pub mod record;
 pub mod recreate;
 pub mod requests;
+pub mod runner;
 pub mod serve;
 pub mod status;
 pub mod trim;
@@ -52,8 +54,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -67,7 +69,7 @@ use crate::metrics::{ControllerMetrics, WebhookMetrics};
 use crate::supervise::Completion;
 use caches::Synced;
 use claim_index::ClaimIndex;
-use context::{Context, Settings};
+use context::{Context, LockKey, Settings};
 
 /// `leasehold controller` settings.
 #[derive(Clone, Debug, clap::Args)]
@@ -185,7 +187,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     // Watch caches, kept warm on every replica so that a new leader starts at once. Each
     // stream marks its cache synced on its first complete list (kube's Store readiness
-    // future wakes only one waiter, and the Controller's runner is already that waiter).
+    // future wakes only one waiter, and the reconcile runner is already that waiter).
     let ns = config.namespace.as_deref();
     let synced = Synced::default();
     let (leases, lease_writer) = reflector::store::<Lease>();
@@ -197,7 +199,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .reflect(lease_writer)
         .inspect(synced.marker("leases"))
         .touched_objects()
-        .filter(only_objects);
+        .filter_map(objects);
     let (claims, claim_writer) = reflector::store::<LockClaim>();
     let claim_index = Arc::new(Mutex::new(ClaimIndex::default()));
     let claim_stream = watcher(scoped::<LockClaim>(&client, ns), watcher::Config::default())
@@ -209,7 +211,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .inspect(ClaimIndex::follower(claim_index.clone()))
         .inspect(synced.marker("lockclaims"))
         .touched_objects()
-        .filter(only_objects);
+        .filter_map(objects);
     let (rbac_tx, rbac_rx) = tokio::sync::mpsc::unbounded_channel();
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
@@ -219,7 +221,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .inspect(synced.marker("pods"))
         .inspect(rbac::on_pod_event(rbac_tx.clone()))
         .touched_objects()
-        .filter(only_objects);
+        .filter_map(objects);
     let (requests, request_writer) = reflector::store::<ForceReleaseRequest>();
     let request_stream = watcher(scoped::<ForceReleaseRequest>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
@@ -227,7 +229,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .reflect(request_writer)
         .inspect(synced.marker("forcereleaserequests"))
         .touched_objects()
-        .filter(only_objects);
+        .filter_map(objects);
     let (locks, lock_writer) = reflector::store();
     let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
@@ -238,9 +240,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .inspect(synced.marker("distributedlocks"))
         .inspect(rbac::on_lock_event(rbac_tx))
         .applied_objects()
-        .filter(only_objects);
-    let controller = Controller::for_stream(lock_stream, locks.clone())
-        .with_config(kube::runtime::controller::Config::default().concurrency(config.max_concurrent_reconciles));
+        .filter_map(objects);
     registry.register_collector(Box::new(oldest_hold::OldestHold { locks: locks.clone() }));
 
     let reporter = Reporter { controller: crate::crd::MANAGER_CONTROLLER.into(), instance: Some(identity.clone()) };
@@ -294,42 +294,38 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
 
     let holders = ctx.holders.clone();
+    let triggers = futures::stream::select_all([
+        lock_stream.map(|lock| vec![LockKey::of(&lock)]).boxed(),
+        lease_stream
+            .map(|lease: Lease| {
+                let ns = lease.namespace().unwrap_or_default();
+                lease.labels().get(LABEL_LOCK).map(|lock| LockKey::new(ns, lock)).into_iter().collect()
+            })
+            .boxed(),
+        claim_stream
+            .map(|claim: LockClaim| vec![LockKey::new(claim.namespace().unwrap_or_default(), claim.spec.lock)])
+            .boxed(),
+        request_stream
+            .map(|request: ForceReleaseRequest| {
+                vec![LockKey::new(request.namespace().unwrap_or_default(), request.spec.lock)]
+            })
+            .boxed(),
+        pod_stream
+            .map(move |pod: PartialObjectMeta<Pod>| {
+                let ns = pod.namespace().unwrap_or_default();
+                let locks = holders.lock().expect("holder index is never poisoned").locks_of(&ns, &pod.name_any());
+                locks.into_iter().map(|lock| LockKey::new(ns.clone(), lock)).collect()
+            })
+            .boxed(),
+    ])
+    .flat_map(futures::stream::iter);
     let regained = futures::stream::unfold(leadership.regains(), |mut regains| async move {
         regains.changed().await.ok()?;
         Some(((), regains))
     });
-    let stop = shutdown.clone();
+    let (stop, limit) = (shutdown.clone(), usize::from(config.max_concurrent_reconciles));
     tasks.spawn(async move {
-        controller
-            .watches_stream(lease_stream, |lease: Lease| {
-                let ns = lease.namespace().unwrap_or_default();
-                lease.labels().get(LABEL_LOCK).map(|lock| ObjectRef::new(lock).within(&ns))
-            })
-            .watches_stream(claim_stream, |claim: LockClaim| {
-                let ns = claim.namespace().unwrap_or_default();
-                Some(ObjectRef::new(&claim.spec.lock).within(&ns))
-            })
-            .watches_stream(request_stream, |request: ForceReleaseRequest| {
-                let ns = request.namespace().unwrap_or_default();
-                Some(ObjectRef::new(&request.spec.lock).within(&ns))
-            })
-            .watches_stream(pod_stream, move |pod: kube::core::PartialObjectMeta<Pod>| {
-                let ns = pod.namespace().unwrap_or_default();
-                let locks = holders.lock().expect("holder index is never poisoned").locks_of(&ns, &pod.name_any());
-                locks.into_iter().map(move |l| ObjectRef::new(&l).within(&ns))
-            })
-            .reconcile_all_on(regained)
-            .graceful_shutdown_on(stop.cancelled_owned())
-            .run(reconcile::reconcile, reconcile::error_policy, ctx)
-            .for_each(|result| {
-                // Reconcile errors are logged by the error policy; the rest is the queue's.
-                match result {
-                    Err(kube::runtime::controller::Error::ReconcilerFailed(..)) | Ok(_) => {}
-                    Err(error) => tracing::warn!(%error, "controller queue"),
-                }
-                futures::future::ready(())
-            })
-            .await;
+        runner::run(triggers, regained, ctx, limit, stop).await;
         Ok(Completion::Stopped)
     });
 
@@ -382,12 +378,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     crate::supervise::supervise(tasks, shutdown).await
 }
 
-/// Keeps watch errors away from the controller. Each watch already retries with its own
-/// backoff and reports failures to [`caches::Synced`]; an error reaching the controller would
-/// make it back off its whole trigger stream — and with it the polling that keeps every
-/// cache current — for up to 30 s, growing with each error (seen after apiserver
-/// restarts: the Lease cache missed every new claim for tens of seconds, and only the
-/// claimant it already knew was ever granted).
-fn only_objects<K>(item: &Result<K, watcher::Error>) -> futures::future::Ready<bool> {
-    futures::future::ready(item.is_ok())
+/// The objects of a watch, its errors left out: each watch retries with its own short
+/// backoff and reports failures to [`caches::Synced`], so an error names no lock to
+/// reconcile. Nothing may back off the trigger streams as a whole: they are what keeps
+/// every cache current (after an apiserver restart, a stream paused for tens of seconds
+/// left the Lease cache missing every new claim).
+fn objects<K>(item: Result<K, watcher::Error>) -> futures::future::Ready<Option<K>> {
+    futures::future::ready(item.ok())
 }

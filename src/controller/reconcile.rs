@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::dispatch::Recheck;
 use jiff::Timestamp;
 use kube::ResourceExt;
-use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
 use super::apply::{self, Target};
@@ -21,9 +21,9 @@ use crate::lease::slot::MAX_PERMITS;
 use crate::lease::{CasError, LeaseStore};
 
 /// Reconciles one lock, if this replica leads.
-pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Recheck, Error> {
     if !ctx.leadership.is_leading() {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let started = Instant::now();
     // A reconcile stuck on one request (a connection the apiserver dropped while
@@ -47,17 +47,17 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
 const RECONCILE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What to do after a failed reconcile: count it and look again soon.
-pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Recheck {
     warn!(namespace = lock.namespace().unwrap_or_default(), lock = %lock.name_any(), %error, "reconcile failed");
     ctx.metrics.reconcile_errors.get_or_create(&crate::metrics::CategoryLabel { category: error.category() }).inc();
-    Action::requeue(Duration::from_millis(500))
+    Some(Duration::from_millis(500))
 }
 
-async fn reconcile_lock(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_lock(lock: &DistributedLock, ctx: &Context) -> Result<Recheck, Error> {
     let key = LockKey::of(lock);
     let deleting = lock.metadata.deletion_timestamp.is_some();
     if deleting && !finalize::present(lock) {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     if ctx.settings.manage_rbac && !deleting {
         rbac::ensure_for(ctx, &key).await?;
@@ -85,7 +85,7 @@ async fn pass(
     key: &LockKey,
     store: &LeaseStore,
     fresh: bool,
-) -> Result<Action, Error> {
+) -> Result<Recheck, Error> {
     let uid = lock.uid().unwrap_or_default();
     let known = observe::known_token(ctx, key, lock);
     let permits = plan::permits(lock);
@@ -128,7 +128,7 @@ async fn pass(
     if leases.is_empty() {
         // Going, with no Lease left of its own.
         finalize::finish(ctx, lock, key).await?;
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let observed = Instant::now();
     let observation = observe::observe(ctx, lock, key, &leases, observed).await?;
