@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::dispatch::Recheck;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,6 +16,7 @@ use tracing::warn;
 
 use super::coalesce::{self, StatusWrite};
 use super::context::{AppliedStatus, Context, LockKey};
+use super::dispatch::Recheck;
 use super::error::Error;
 use super::plan::{First, LeaseWrite, Plan, RequestUpdate, StatusPlan};
 use super::{claims, finalize, force, lock_lease, record, status};

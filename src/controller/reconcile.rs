@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::dispatch::Recheck;
 use jiff::Timestamp;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
 use super::apply::{self, Target};
 use super::context::{Context, LockKey};
+use super::dispatch::Recheck;
 use super::error::Error;
 use super::plan::{self, Setup};
 use super::{finalize, force_requests, lock_lease, observe, rbac, record};

@@ -7,7 +7,7 @@ use kube::ResourceExt;
 
 use crate::controller::build;
 use crate::controller::recreate::{self, Orphan, Seen};
-use crate::controller::status::Ready;
+use crate::controller::status::{self, Ready};
 use crate::controller::view::{self, Ownership};
 use crate::crd::DistributedLock;
 use crate::lease::{GrantedTiming, token};
@@ -51,13 +51,7 @@ pub fn setup(
             return Setup::Finish;
         }
         let spec = GrantedTiming::of_spec(&lock.spec);
-        let listed = lock.status.as_ref().map(|s| {
-            if s.holders.is_empty() {
-                s.holder.as_deref().into_iter().collect::<Vec<_>>()
-            } else {
-                s.holders.iter().collect()
-            }
-        });
+        let listed = lock.status.as_ref().map(status::listed);
         let status = listed.unwrap_or_default().into_iter().find(|h| u32::try_from(h.slot).ok() == Some(slot));
         let orphan = recreate::orphan(seen, status, &spec);
         return match (orphan, token::mint(known, now.as_millisecond())) {
