@@ -299,7 +299,7 @@ async fn a_claim_refresh_while_the_apiserver_is_unreachable_costs_a_retry_not_th
     // (a third of the claim's lifetime after the last) fails.
     proxy.set(Fault::Drop);
     let log = sb.process.process.as_ref().expect("b's sidecar runs").log().to_owned();
-    leasehold_harness::logged(&log, "failed to refresh our claim; trying again soon", Duration::from_secs(30)).await;
+    leasehold_harness::logged(&log, "failed to refresh our claim; trying again", Duration::from_secs(30)).await;
 
     assert!(!waiting.is_finished(), "b's acquire ended while its apiserver was unreachable");
     proxy.set(Fault::Pass);

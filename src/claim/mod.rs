@@ -281,6 +281,7 @@ impl Claimant {
         // The first claim was made before the timing was known: refresh it (with its real
         // lifetime) before its provisional one can run out.
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
+        let mut refreshing = Refreshing { last: None, failing: retry::pauses(refresh) };
         let retired =
             self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or_default();
         let mut missed_grant = false;
@@ -309,7 +310,12 @@ impl Claimant {
                     continue;
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
-                    next_refresh = self.keep_claim(lock, &timing, mode, refresh).await?;
+                    let kept;
+                    (next_refresh, kept) = self.keep_claim(lock, &timing, mode, refresh, &mut refreshing).await?;
+                    // An apiserver that turned the refresh away would turn the reads away too.
+                    if !kept {
+                        continue;
+                    }
                     for slot in 0..watches.watched() {
                         if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
                             let _ = polled.unbounded_send((slot, Some(lease)));
@@ -371,7 +377,7 @@ impl Claimant {
                     // claim again now rather than at the next refresh.
                     if claim_again {
                         missed_grant = false;
-                        next_refresh = self.keep_claim(lock, &timing, mode, refresh).await?;
+                        (next_refresh, _) = self.keep_claim(lock, &timing, mode, refresh, &mut refreshing).await?;
                     }
                     continue;
                 }
@@ -458,21 +464,29 @@ impl Claimant {
         Hold::start(self.clone(), lock, ticket, terms, granted, states)
     }
 
-    /// Refreshes (or re-creates) our claim on `lock`; returns when to do so next. A busy or
-    /// unreachable apiserver costs a refresh, not the acquisition: it is tried again soon.
+    /// Refreshes (or re-creates) our claim on `lock`; returns when to do so next, and
+    /// whether it did. A busy or unreachable apiserver costs a refresh, not the
+    /// acquisition: it is tried again after the next of the failing pauses, which grow
+    /// while refreshes keep failing and start again from the first once one succeeds. The
+    /// claim outlives three refresh periods, so a few growing pauses keep its place.
     async fn keep_claim(
         &self,
         lock: &str,
         timing: &Timing,
         mode: ClaimMode,
         refresh: Duration,
-    ) -> Result<tokio::time::Instant, AcquireError> {
-        match self.ensure_claim(lock, timing, mode).await {
-            Ok(()) => Ok(tokio::time::Instant::now() + refresh),
+        refreshing: &mut Refreshing,
+    ) -> Result<(tokio::time::Instant, bool), AcquireError> {
+        match self.ensure_claim(lock, timing, mode, &mut refreshing.last).await {
+            Ok(()) => {
+                refreshing.failing = retry::pauses(refresh);
+                Ok((tokio::time::Instant::now() + refresh, true))
+            }
             Err(e) if e.is_transient() => {
-                info!(lock, error = %e, "failed to refresh our claim; trying again soon");
+                let pause = refreshing.failing.next().unwrap_or(refresh).min(refresh);
+                info!(lock, error = %e, ?pause, "failed to refresh our claim; trying again");
                 self.metrics.apiserver_retries.inc();
-                Ok(tokio::time::Instant::now() + UNANSWERED_PAUSE.min(refresh))
+                Ok((tokio::time::Instant::now() + pause, false))
             }
             Err(e) => Err(e),
         }
@@ -539,8 +553,17 @@ impl Claimant {
 
     /// Refreshes our claim on `lock` with its real lifetime (compare-and-swap), or creates
     /// it again if it is gone (the controller dropped it, or a grant we could not confirm
-    /// took it along) or is not ours (squatted: replaced).
-    async fn ensure_claim(&self, lock: &str, timing: &Timing, mode: ClaimMode) -> Result<(), AcquireError> {
+    /// took it along) or is not ours (squatted: replaced). `last` is the claim as our last
+    /// write of it returned: replaced without reading it first (a waiting claim is
+    /// refreshed again and again, and with thousands waiting the reads were half of what
+    /// they asked of the apiserver); a refusal (it changed, or is gone) reads it again.
+    async fn ensure_claim(
+        &self,
+        lock: &str,
+        timing: &Timing,
+        mode: ClaimMode,
+        last: &mut Option<LockClaim>,
+    ) -> Result<(), AcquireError> {
         let ttl = claim_ttl(timing);
         let ttl = i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
@@ -548,7 +571,10 @@ impl Claimant {
         // A claim deleted between our create and our refresh (the controller dropping it
         // as stale) is created again: a claimant that believes it waits must have a claim.
         for _ in 0..3 {
-            let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
+            let existing = match last.take() {
+                Some(claim) => Some(claim),
+                None => self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?,
+            };
             let mut created = None;
             let written = match existing {
                 None => {
@@ -565,14 +591,24 @@ impl Claimant {
                         .map_err(|e| self.refused(lock, e))?;
                     continue;
                 }
-                Some(claim) => self.claim_store.replace(&edit::refreshed(&claim, ttl, Timestamp::now())).await,
+                Some(claim) => {
+                    let replaced = self.claim_store.replace(&edit::refreshed(&claim, ttl, Timestamp::now())).await;
+                    // Turned away or unanswered: the claim as we know it is still the one to
+                    // replace (if the write landed after all, its resourceVersion refuses the
+                    // next one, and the claim is read again).
+                    if replaced.as_ref().is_err_and(CasError::is_transient) {
+                        *last = Some(claim);
+                    }
+                    replaced
+                }
             };
             match written {
                 Ok(claim) => {
                     match created {
-                        Some(sent) => self.claims.created(lock, claim.metadata.uid, sent),
-                        None => self.claims.set_uid(lock, claim.metadata.uid),
+                        Some(sent) => self.claims.created(lock, claim.metadata.uid.clone(), sent),
+                        None => self.claims.set_uid(lock, claim.metadata.uid.clone()),
                     }
+                    *last = Some(claim);
                     return Ok(());
                 }
                 Err(CasError::AlreadyExists { .. } | CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,
@@ -637,7 +673,7 @@ impl Claimant {
 /// The lifetime of a first claim, made before the lock's timing is read.
 const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(45);
 
-/// After a confirmation or a claim refresh got no answer: how soon to look again.
+/// After a confirmation got no answer: how soon to look again.
 const UNANSWERED_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a waiting claim lives without refresh; the controller drops older ones.
@@ -648,6 +684,14 @@ pub fn claim_ttl(timing: &Timing) -> Duration {
 /// How often a waiting claimant refreshes its claim.
 fn claim_refresh(timing: &Timing) -> Duration {
     claim_ttl(timing) / 3
+}
+
+/// What an acquisition keeps between refreshes of its claim.
+struct Refreshing {
+    /// The claim as our last write of it returned.
+    last: Option<LockClaim>,
+    /// The pauses before the next try while refreshes fail.
+    failing: backon::ExponentialBackoff,
 }
 
 /// Withdraws a claim when an acquisition is abandoned (its future dropped).

@@ -38,19 +38,33 @@ pub async fn within<T, E, Fut>(
 where
     Fut: Future<Output = Result<T, E>>,
 {
-    let pauses = ExponentialBuilder::default()
-        .with_min_delay(FIRST_PAUSE)
-        .with_max_delay(MAX_PAUSE)
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times();
     attempt
-        .retry(pauses)
+        .retry(growing(MAX_PAUSE))
         .sleep(tokio::time::sleep)
         .when(transient)
         .adjust(move |_, pause| pause.filter(|p| tokio::time::Instant::now() + *p < deadline))
         .notify(retrying)
         .await
+}
+
+/// Pauses from [`FIRST_PAUSE`], doubling up to `max`, each plus a random part of up to as
+/// much again.
+fn growing(max: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(FIRST_PAUSE)
+        .with_max_delay(max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+}
+
+/// The pauses before each next try of a request repeated on a schedule of its own (a
+/// waiting claimant's claim refresh) while it keeps failing: as [`within`]'s, but growing
+/// up to `max`. A few tries a second from each of thousands of claimants turned away by a
+/// busy apiserver would keep it busy turning them away.
+pub fn pauses(max: Duration) -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    growing(max).build()
 }
 
 #[cfg(test)]
@@ -146,5 +160,25 @@ mod tests {
             firsts.insert(told[0]);
         }
         assert!(firsts.len() > 1, "twenty callers paused alike: {firsts:?}");
+    }
+
+    #[test]
+    fn a_repeated_request_pauses_longer_while_it_fails_up_to_its_own_limit() {
+        let ms = Duration::from_millis;
+        // (limit, the nominal pauses: each may be up to as much again, and never above twice the limit).
+        let table = [
+            ("a 15 s refresh", ms(15_000), vec![100, 200, 400, 800, 1600, 3200, 6400, 12_800, 15_000, 15_000]),
+            ("a limit below the first doubling", ms(150), vec![100, 150, 150]),
+        ];
+        for (name, limit, nominal) in table {
+            let told: Vec<Duration> = pauses(limit).take(nominal.len()).collect();
+            for (n, (pause, at_least)) in told.iter().zip(nominal).enumerate() {
+                assert!(*pause >= ms(at_least) && *pause <= ms(2 * at_least), "{name}: pause {n} was {pause:?}");
+            }
+        }
+        // Claimants turned away together do not come back together.
+        let firsts: std::collections::BTreeSet<Duration> =
+            (0..20).map(|_| pauses(ms(15_000)).nth(3).unwrap()).collect();
+        assert!(firsts.len() > 1, "twenty claimants paused alike: {firsts:?}");
     }
 }
