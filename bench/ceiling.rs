@@ -1,8 +1,8 @@
 //! The apiserver's own write ceiling: how many Lease compare-and-swaps per second it takes
 //! from as many clients as a throughput run uses. A throughput run gives each lock one
 //! client (bench/throughput.rs), so the ceiling for `n` locks is `n` clients, each built
-//! like the product's ([`leasehold::kube_client`]) with the admin's credentials, each
-//! looping read-modify-replace on a Lease of its own (no two clients share one, so the
+//! like the product's ([`leasehold::kube_client`]) and authenticated as the throughput
+//! run's clients are (a ServiceAccount each, bench/accounts.rs), each looping read-modify-replace on a Lease of its own (no two clients share one, so the
 //! ceiling is never spent on conflicts) as fast as its answers come back, for the same
 //! warm-up and window. Leasehold's writes per second are then read as a fraction of it.
 
@@ -57,11 +57,11 @@ pub async fn run(
     let writes: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
     let conflicts: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let errors: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
-    let kubeconfig = kube::config::Kubeconfig::read_from(env.cp.kubeconfig_path())?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    crate::accounts::allow_lease_writes(env).await?;
+    let accounts = crate::accounts::for_clients(env, clients).await?;
     let mut tasks = tokio::task::JoinSet::new();
-    for name in names {
-        let client = leasehold::kube_client::from_config(config.clone())?;
+    for (name, account) in names.into_iter().zip(accounts) {
+        let client = leasehold::kube_client::from_config(account.config)?;
         let api: Api<Lease> = Api::namespaced(client, env.name());
         let (stop, writes, conflicts, errors) = (stop.clone(), writes.clone(), conflicts.clone(), errors.clone());
         tasks.spawn(async move {

@@ -14,6 +14,7 @@
 
 use leasehold_e2e_support as support;
 
+mod accounts;
 mod acquire_split;
 mod ceiling;
 mod cpu;

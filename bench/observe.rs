@@ -325,6 +325,29 @@ pub async fn files_closed(most: usize, limit: Duration) -> Option<Duration> {
     }
 }
 
+/// Waits until `claims` LockClaims have been created since `before`, checking the
+/// apiserver's counters every second: with thousands of claimants starting at once, the
+/// apiserver's priority and fairness turns most of their first requests away and they try
+/// again, so their first claims come in over many seconds. Returns how long after
+/// `started` the count was reached, or `None` once `limit` has passed since then.
+pub async fn claims_created(
+    admin: &kube::Client,
+    (before, started): (&Requests, Instant),
+    claims: usize,
+    limit: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    loop {
+        let created = scrape(admin).await?.since(before).get("POST lockclaims 201").copied().unwrap_or(0.0);
+        if created >= claims as f64 {
+            return Ok(Some(started.elapsed()));
+        }
+        if started.elapsed() >= limit {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// A measuring window over loops already running in `tasks`: waits `warmup`, scrapes the
 /// apiserver's counters and reads `meter`'s processes' CPU time at both ends of `window`,
 /// then sets `stop` and gives the loops `drain` to end (aborting them after that). Returns

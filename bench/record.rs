@@ -62,6 +62,9 @@ pub struct Throughput {
     pub cycles: usize,
     /// Window, seconds.
     pub seconds: f64,
+    /// Seconds from the claimants' start until as many claims had been created as there
+    /// are claimants (`None`: not within the limit); the window starts after it.
+    pub all_claimed_s: Option<f64>,
     /// Cycles per second.
     pub per_second: f64,
     /// Failed acquisitions in the window.

@@ -599,7 +599,7 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
 
     let _ = writeln!(
         w,
-        "\n## Throughput (in-process claimants, contending)\n\nA cycle is one grant (acquire returned, then release): writes/cycle and 409s/cycle are per grant. Apiserver writes/s = cycles/s × writes per grant, and the last column that as a fraction of the apiserver's raw CAS ceiling with as many clients (the next table).\n\n| locks × clients | cycles/s | cycles | window (s) | acquire wait p50 / p99 (ms) | errors | writes/cycle (per grant) | 409s/cycle (per grant) | writes by kind per cycle | apiserver writes/s | of the CAS ceiling |\n|---|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|"
+        "\n## Throughput (in-process claimants, contending)\n\nA cycle is one grant (acquire returned, then release): writes/cycle and 409s/cycle are per grant. Apiserver writes/s = cycles/s × writes per grant, and the last column that as a fraction of the apiserver's raw CAS ceiling with as many clients (the next table). Each claimant is a ServiceAccount's, as an app's pods are, so the apiserver's priority and fairness applies to it. The window starts after the warm-up, and not before as many claims have been created as there are claimants (the column after it: when that was, from the claimants' start): it measures the steady state, not the first herd.\n\n| locks × clients | cycles/s | cycles | window (s) | every claimant claimed after (s) | acquire wait p50 / p99 (ms) | errors | writes/cycle (per grant) | 409s/cycle (per grant) | writes by kind per cycle | apiserver writes/s | of the CAS ceiling |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|"
     );
     for t in &run.throughput {
         let (writes, fraction) = ceiling_fraction(run, t)
@@ -608,13 +608,14 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
             });
         let _ = writeln!(
             w,
-            "| {} × {}{} | {:.1} | {} | {:.1} | {} / {} | {} | {:.2} | {:.2} | {} | {writes} | {fraction} |",
+            "| {} × {}{} | {:.1} | {} | {:.1} | {} | {} / {} | {} | {:.2} | {:.2} | {} | {writes} | {fraction} |",
             t.locks,
             t.clients_per_lock,
             shape(t),
             t.per_second,
             t.cycles,
             t.seconds,
+            t.all_claimed_s.map_or_else(|| "not within 180 s".to_owned(), |s| format!("{s:.1}")),
             num(t.acquire_ms.p50),
             num(t.acquire_ms.p99),
             t.errors,
@@ -645,7 +646,7 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     if !run.ceilings.is_empty() {
         let _ = writeln!(
             w,
-            "\n## Apiserver write ceiling (raw Lease CAS, beside the throughput)\n\nAs many clients as the throughput run with as many locks (one per lock), each built like the product's, each looping read-modify-replace on a Lease of its own (none shared) as fast as answers come, for the same warm-up and window.\n\n| clients (one Lease each) | CAS writes/s | writes | window (s) | replace p50 / p99 (ms) | 409s | errors | apiserver writes/s (counters, background removed) | by kind per second |\n|---|--:|--:|--:|--:|--:|--:|--:|---|"
+            "\n## Apiserver write ceiling (raw Lease CAS, beside the throughput)\n\nAs many clients as the throughput run with as many locks (one per lock), each built like the product's and authenticated as a ServiceAccount of its own (as the claimants are), each looping read-modify-replace on a Lease of its own (none shared) as fast as answers come, for the same warm-up and window.\n\n| clients (one Lease each) | CAS writes/s | writes | window (s) | replace p50 / p99 (ms) | 409s | errors | apiserver writes/s (counters, background removed) | by kind per second |\n|---|--:|--:|--:|--:|--:|--:|--:|---|"
         );
         for c in &run.ceilings {
             let _ = writeln!(

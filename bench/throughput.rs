@@ -4,7 +4,8 @@
 //! claimants writing). Claimants are
 //! in-process [`leasehold::claim::Claimant`]s (the API the sidecar wraps; 1,000 sidecar
 //! processes would not fit this machine), outside any Pod, with one client per lock built
-//! like the product's own ([`leasehold::kube_client`]) with the admin's credentials.
+//! like the product's own ([`leasehold::kube_client`]), each as a ServiceAccount of its own
+//! (bench/accounts.rs says why not as the admin).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +53,10 @@ impl Shape {
     }
 }
 
+/// The longest the window waits for every claimant's first claim: with 1,000 locks × 10
+/// claimants, the apiserver admits the first herd's requests over tens of seconds.
+const ALL_CLAIMED: Duration = Duration::from_secs(180);
+
 /// How long the claimants still queued when the window closes get to be granted in turn
 /// and leave.
 const DRAIN: Duration = Duration::from_secs(120);
@@ -96,20 +101,21 @@ pub async fn run(
         .collect::<anyhow::Result<Vec<()>>>()?;
 
     let files_before = crate::observe::open_files()?;
+    let counted = (crate::observe::scrape(admin).await?, Instant::now());
     let stop = Arc::new(AtomicBool::new(false));
     // (acquire returned, acquire latency ms) per cycle; errors by instant.
     let cycles: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
     let errors: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
-    // The client the product's components build for themselves (TCP_NODELAY), with the
-    // admin's credentials.
-    let kubeconfig = kube::config::Kubeconfig::read_from(env.cp.kubeconfig_path())?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    for lock in &names {
-        let client = leasehold::kube_client::from_config(config.clone())?;
+    // The client the product's components build for themselves (TCP_NODELAY), one per
+    // lock, each as a ServiceAccount of its own.
+    let accounts = crate::accounts::for_clients(env, locks).await?;
+    for (lock, account) in names.iter().zip(accounts) {
+        let client = leasehold::kube_client::from_config(account.config)?;
         for c in 0..clients {
             let mode = if shape.writes(c, clients) { ClaimMode::Write } else { ClaimMode::Read };
-            let claimant = Claimant::new(client.clone(), env.name(), Identity::for_process(), "leasehold-bench");
+            let identity = Identity::for_user(&account.username);
+            let claimant = Claimant::new(client.clone(), env.name(), identity, "leasehold-bench");
             let (lock, stop, cycles, errors) = (lock.clone(), stop.clone(), cycles.clone(), errors.clone());
             tasks.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
@@ -132,6 +138,11 @@ pub async fn run(
             });
         }
     }
+    // The window measures the steady state: it starts after the warm-up, and not before
+    // every claimant has claimed once.
+    let all_claimed =
+        crate::observe::claims_created(admin, (&counted.0, counted.1), locks * clients, ALL_CLAIMED).await?;
+    let warmup = warmup.saturating_sub(counted.1.elapsed());
     // Everyone still queued is granted in turn and leaves; give that a bounded time.
     let ((before, start), (after, end), cpu) =
         crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, DRAIN).await?;
@@ -162,6 +173,7 @@ pub async fn run(
             writers_per_lock: shape.writers,
             cycles: in_window.len(),
             seconds,
+            all_claimed_s: all_claimed.map(|d| d.as_secs_f64()),
             per_second: in_window.len() as f64 / seconds,
             errors: failed.len(),
             error_kinds,
