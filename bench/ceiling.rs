@@ -2,9 +2,10 @@
 //! from as many clients as a throughput run uses. A throughput run gives each lock one
 //! client (bench/throughput.rs), so the ceiling for `n` locks is `n` clients, each built
 //! like the product's ([`leasehold::kube_client`]) and authenticated as the throughput
-//! run's clients are (a ServiceAccount each, bench/accounts.rs), each looping read-modify-replace on a Lease of its own (no two clients share one, so the
-//! ceiling is never spent on conflicts) as fast as its answers come back, for the same
-//! warm-up and window. Leasehold's writes per second are then read as a fraction of it.
+//! run's clients are (a ServiceAccount each, bench/accounts.rs), each looping
+//! read-modify-replace on a Lease of its own (no two clients share one, so the ceiling is
+//! never spent on conflicts) as fast as its answers come back, for the same warm-up and
+//! window. Leasehold's writes per second are then read as a fraction of it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -101,7 +101,6 @@ pub async fn run(
         .collect::<anyhow::Result<Vec<()>>>()?;
 
     let files_before = crate::observe::open_files()?;
-    let counted = (crate::observe::scrape(admin).await?, Instant::now());
     let stop = Arc::new(AtomicBool::new(false));
     // (acquire returned, acquire latency ms) per cycle; errors by instant.
     let cycles: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
@@ -110,6 +109,8 @@ pub async fn run(
     // The client the product's components build for themselves (TCP_NODELAY), one per
     // lock, each as a ServiceAccount of its own.
     let accounts = crate::accounts::for_clients(env, locks).await?;
+    // From here the claimants start: the warm-up, and the wait for their first claims.
+    let counted = (crate::observe::scrape(admin).await?, Instant::now());
     for (lock, account) in names.iter().zip(accounts) {
         let client = leasehold::kube_client::from_config(account.config)?;
         for c in 0..clients {
