@@ -20,6 +20,7 @@ pub mod confirm;
 pub mod context;
 pub mod decide;
 pub mod dispatch;
+pub mod ended;
 pub mod error;
 pub mod events;
 pub mod finalize;

@@ -462,7 +462,14 @@ fn status_after(
             granted: plan
                 .grants
                 .iter()
-                .map(|g| Granted { slot: g.slot, waited_seconds: g.waited_seconds, handoff_ms: g.handoff_ms })
+                .map(|g| Granted {
+                    slot: g.slot,
+                    identity: g.claim.identity.id.clone(),
+                    token: g.token,
+                    acquired: o.wall,
+                    waited_seconds: g.waited_seconds,
+                    handoff_ms: g.handoff_ms,
+                })
                 .collect(),
             revoked: plan.revocations.iter().map(|r| (r.slot, r.reason)).collect(),
             forced,

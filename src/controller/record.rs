@@ -198,18 +198,14 @@ pub fn status_written(
     }
     let queued = i64::from(desired.queue_length) - i64::from(previous.queue_length);
     ctx.metrics.queue_depth.inc_by(queued);
-    for old in status::listed(previous) {
-        let same =
-            status::listed(desired).iter().any(|h| h.identity == old.identity && h.fencing_token == old.fencing_token);
-        if same {
-            continue;
-        }
-        let held = Timestamp::now().duration_since(old.acquired_at.0).as_secs_f64().max(0.0);
+    // Every hold that ended, including one granted and ended while an earlier status
+    // write failed.
+    for old in super::ended::ended(&status::listed(previous), &status::listed(desired), outcome) {
+        let held = Timestamp::now().duration_since(old.acquired).as_secs_f64().max(0.0);
         ctx.metrics.hold_seconds.observe(held);
-        // Gone without a revocation of its slot: its holder released it.
-        if released > 0 && !outcome.revoked.iter().any(|(slot, _)| i64::from(*slot) == i64::from(old.slot)) {
+        if old.revoked.is_none() {
             let pod = lease::Identity::parse(&old.identity).pod;
-            let note = format!("released by {} (token {})", old.identity, old.fencing_token);
+            let note = format!("released by {} (token {})", old.identity, old.token);
             publish(ctx, lock, EventType::Normal, "Released", note, pod.as_ref());
         }
     }

@@ -27,6 +27,12 @@ pub fn stored(t: Timestamp) -> Time {
 pub struct Granted {
     /// The slot granted.
     pub slot: u32,
+    /// The new holder's identity.
+    pub identity: String,
+    /// Its token.
+    pub token: i64,
+    /// When it was granted (the Lease's `acquireTime`).
+    pub acquired: Timestamp,
     /// How long the new holder waited, seconds.
     pub waited_seconds: f64,
     /// From the lock becoming free to this grant, ms (`None` if unknown).
@@ -198,18 +204,15 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
         .map(|h| {
             let token = h.hold.token.unwrap_or_default();
             let earlier = before.iter().copied().find(|p| p.identity == h.hold.identity.id && p.fencing_token == token);
-            let granted = i.outcome.granted.iter().rev().find(|g| g.slot == h.slot);
+            let granted = i.outcome.granted.iter().rev().find(|g| g.slot == h.slot && g.token == token);
             holder_status(h, earlier, granted)
         })
         .collect();
     let mut stats = previous.stats.clone();
     // Every hold that is gone ended once: revoked (by its slot's revocation) or released.
-    for gone in before
-        .iter()
-        .filter(|p| !holders.iter().any(|h| h.identity == p.identity && h.fencing_token == p.fencing_token))
-    {
-        let slot = u32::try_from(gone.slot).unwrap_or_default();
-        match i.outcome.revoked.iter().find(|(s, _)| *s == slot).map(|(_, r)| r) {
+    let after: Vec<&HolderStatus> = holders.iter().collect();
+    for gone in super::ended::ended(&before, &after, i.outcome) {
+        match gone.revoked {
             None => stats.releases += 1,
             Some(RevokeReason::Forced) => stats.forced_releases += 1,
             Some(_) => stats.expirations += 1,
@@ -294,6 +297,14 @@ mod tests {
         }
     }
 
+    /// What a reconcile that granted `pod` `token` after a wait of `waited` s did.
+    fn granted_to(pod: &str, token: i64, waited: f64) -> Outcome {
+        let identity = Identity::for_pod(pod, UID).id;
+        let grant =
+            Granted { slot: 0, identity, token, acquired: ts(100), waited_seconds: waited, handoff_ms: Some(3) };
+        Outcome { granted: vec![grant], ..Outcome::default() }
+    }
+
     fn timing() -> Timing {
         Timing {
             lease_duration: Duration::from_secs(15),
@@ -329,11 +340,7 @@ mod tests {
     #[test]
     fn grant_then_release_then_grant() {
         let b = waiter("b", 95);
-        let granted = Outcome {
-            granted: vec![Granted { slot: 0, waited_seconds: 10.0, handoff_ms: Some(3) }],
-            ..Outcome::default()
-        };
-        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[&b], &granted);
+        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[&b], &granted_to("a", 7, 10.0));
         let h = s1.holder.as_ref().expect("held");
         assert_eq!((h.pod.as_deref(), h.fencing_token, h.waited_seconds), (Some("a"), 7, 10.0));
         assert_eq!(h.expires_at, Some(Time(ts(116))));
@@ -345,7 +352,7 @@ mod tests {
         assert_eq!(run(&s1, Some(&hold("a", 7)), 7, &[&b], &Outcome::default()), s1);
 
         // a released, b granted.
-        let s2 = run(&s1, Some(&hold("b", 8)), 8, &[], &granted);
+        let s2 = run(&s1, Some(&hold("b", 8)), 8, &[], &granted_to("b", 8, 10.0));
         assert_eq!((s2.stats.grants, s2.stats.releases, s2.stats.expirations), (2, 1, 0));
         assert_eq!((s2.queue_length, s2.fencing_token), (0, Some(8)));
 
@@ -378,11 +385,7 @@ mod tests {
 
     #[test]
     fn a_drain_counts_once_and_says_so_until_it_ends() {
-        let granted = Outcome {
-            granted: vec![Granted { slot: 0, waited_seconds: 1.0, handoff_ms: Some(3) }],
-            ..Outcome::default()
-        };
-        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &granted);
+        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &granted_to("a", 7, 1.0));
         // Forced: the hold is revoked and drained; status names no holder.
         let forced = Outcome { revoked: vec![(0, RevokeReason::Forced)], ..Outcome::default() };
         let drain = LeaseDrain {
@@ -447,10 +450,7 @@ mod tests {
         let mut b = waiter("b", 0);
         b.requested = at(95);
         let drain = LeaseDrain { holder: None, revoked: Some(6), reason: None, mode: ClaimMode::Read };
-        let granted = Outcome {
-            granted: vec![Granted { slot: 0, waited_seconds: 0.123_456, handoff_ms: Some(3) }],
-            ..Outcome::default()
-        };
+        let granted = granted_to("a", 7, 0.123_456);
         let holds = [SlotHold { slot: 0, hold: a, timing: timing() }];
         let draining = [(0, drain)];
         type Case<'a> = (&'a str, &'a [SlotHold], &'a [&'a Claim], &'a Outcome, &'a [(u32, LeaseDrain)]);
@@ -507,10 +507,7 @@ mod tests {
 
     #[test]
     fn a_pending_outcome_is_merged_not_lost() {
-        let grant = |w| Outcome {
-            granted: vec![Granted { slot: 0, waited_seconds: w, handoff_ms: None }],
-            ..Outcome::default()
-        };
+        let grant = |w| granted_to("a", 7, w);
         let expired = Outcome { revoked: vec![(0, RevokeReason::Expired)], ..Outcome::default() };
         assert_eq!(merge(None, grant(1.0)), grant(1.0));
         let merged = merge(Some(expired.clone()), grant(2.0));
@@ -520,9 +517,26 @@ mod tests {
         );
         // A status write that failed after a revocation: the next reconcile (which did
         // nothing new) still counts it as an expiration, once.
-        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &grant(1.0));
+        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[], &granted_to("a", 7, 1.0));
         let after = run(&s1, None, 8, &[], &merge(Some(expired), Outcome::default()));
         assert_eq!((after.stats.expirations, after.stats.releases), (1, 0));
+    }
+
+    #[test]
+    fn holds_granted_and_ended_between_two_writes_are_counted() {
+        let (b, c) = (waiter("b", 95), waiter("c", 96));
+        let s1 = run(&DistributedLockStatus::default(), Some(&hold("a", 7)), 7, &[&b, &c], &granted_to("a", 7, 1.0));
+        // The next writes failed, and the one that lands carries three reconciles: a
+        // released, b granted and released, c granted, then revoked (expired), d granted.
+        let pending = merge(
+            Some(merge(Some(granted_to("b", 8, 2.0)), granted_to("c", 9, 3.0))),
+            Outcome { revoked: vec![(0, RevokeReason::Expired)], ..granted_to("d", 10, 4.0) },
+        );
+        let s2 = run(&s1, Some(&hold("d", 10)), 10, &[&b], &pending);
+        let stats = &s2.stats;
+        assert_eq!((stats.grants, stats.releases, stats.expirations, stats.forced_releases), (4, 2, 1, 0));
+        let h = s2.holder.as_ref().expect("held");
+        assert_eq!((h.fencing_token, h.waited_seconds, stats.last_wait_seconds), (10, 4.0, Some(4.0)));
     }
 
     #[test]
