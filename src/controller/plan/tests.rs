@@ -127,6 +127,10 @@ fn a_free_lock_is_granted_to_the_head_of_the_queue_with_a_new_token() {
     assert_eq!(status.token, grant.token);
     assert_eq!(names(&status.waiters), ["orders.u-b", "orders.u-c"], "the rest wait, in order");
     assert_eq!(status.outcome.granted.first().map(|g| g.waited_seconds), Some(999.0));
+    // The grant recorded is the hold the Lease now carries: status counts its end by it.
+    let hold = &status.holds[0].hold;
+    let recorded = status.outcome.granted.first().map(|g| (g.identity.as_str(), g.token, Some(g.acquired)));
+    assert_eq!(recorded, Some((hold.identity.id.as_str(), grant.token, hold.acquire_time)));
     assert!(plan.track_holder);
     assert_eq!(plan.recheck, Some(o.confirm_timeout), "the grant must be confirmed in time");
 }
