@@ -309,32 +309,7 @@ pub const FENCED_WRITE: &str = "WITH u AS (UPDATE fenced SET value = value + 1, 
 pub const UNFENCED_WRITE: &str = "WITH u AS (UPDATE unfenced SET value = value + 1, token = $2 WHERE id = $1 RETURNING id) \
      INSERT INTO unfenced_audit (id, writer, token) SELECT id, $3, $2 FROM u";
 
-/// libfaketime's preload library (Debian package libfaketime).
-fn faketime_lib() -> &'static str {
-    ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("libfaketime is installed (Debian package faketime)")
-}
-
-/// Runs `command` under a wall clock set by the timestamp file `clock` (re-read on every
-/// call; the monotonic clock is left alone).
-pub fn under_clock(command: &mut Command, clock: &Path) {
-    command
-        .env("LD_PRELOAD", faketime_lib())
-        .env("FAKETIME_TIMESTAMP_FILE", clock)
-        .env("FAKETIME_NO_CACHE", "1")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .env("TZ", "UTC");
-}
-
-/// Sets the wall clock behind timestamp file `clock`: `+3600`, `-3600`, `+0`, or an
-/// absolute `YYYY-MM-DD hh:mm:ss` (UTC), at which the clock stands still.
-pub fn set_clock(clock: &Path, setting: &str) {
-    let tmp = clock.with_extension("tmp");
-    std::fs::write(&tmp, format!("{setting}\n")).expect("write a clock setting");
-    std::fs::rename(&tmp, clock).expect("install a clock setting");
-}
+pub use crate::support::clock::{set_clock, under_clock};
 
 impl World {
     /// Starts everything in `layout`.

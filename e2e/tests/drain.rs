@@ -3,11 +3,14 @@
 //! old token stale at once, but the next claimant is granted only once the holder has let
 //! go (it acknowledges) or its lease duration has passed since its last renewal — whatever
 //! the holder's process does meanwhile (busy, frozen, its Pod deleted), whatever the lock's
-//! spec is edited to, and across a controller restart.
+//! spec is edited to, and across a controller restart. A Lease deleted before a new leader
+//! saw it is re-created from status, which may trail the grants: above every token issued
+//! since, drained to its end.
 
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -18,6 +21,7 @@ use serde_json::json;
 
 use crate::controller::ManualClaimant;
 use crate::support::Env;
+use crate::support::clock::set_clock;
 use crate::support::locks::{LeaseWatch, acquire_time, renew_time};
 use crate::support::watch::{GrantLog, until, until_gone};
 
@@ -502,4 +506,115 @@ async fn a_lock_lease_deleted_under_a_hold_is_recreated_draining_it_until_the_ho
     assert!(hold_b.token() > token_a);
     env.event("Drained", WAIT).await;
     hold_b.release().await;
+}
+
+/// Refuses every write of the lock's status in this namespace (a failing status write, as
+/// the apiserver may answer any): a ValidatingAdmissionPolicy bound here alone. Returns
+/// its name, for [`allow_status_writes`].
+async fn refuse_status_writes(env: &Env) -> String {
+    let name = format!("refuse-lock-status-{}", env.name());
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["leasehold.dev"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["distributedlocks/status"]}]},
+            "validations": [{"expression": "false", "message": "lock status writes are refused here"}],
+        },
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.name()}}}},
+    });
+    let params = PatchParams::apply("leasehold-e2e").force();
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(env.ns.client.clone());
+    policies.patch(&name, &params, &Patch::Apply(&policy)).await.expect("apply the policy");
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(env.ns.client.clone());
+    bindings.patch(&name, &params, &Patch::Apply(&binding)).await.expect("apply the binding");
+    let locks = env.locks();
+    let probe = PatchParams { dry_run: true, ..PatchParams::default() };
+    leasehold_harness::eventually("lock status writes are refused", WAIT, || async {
+        match locks.patch_status(LOCK, &probe, &Patch::Merge(json!({"status": {"queueLength": 0}}))).await {
+            Err(kube::Error::Api(s)) if s.message.contains("lock status writes are refused here") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    name
+}
+
+/// Removes the policy and binding [`refuse_status_writes`] made.
+async fn allow_status_writes(env: &Env, name: &str) {
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(env.ns.client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(env.ns.client.clone());
+    bindings.delete(name, &DeleteParams::default()).await.expect("delete the binding");
+    policies.delete(name, &DeleteParams::default()).await.expect("delete the policy");
+}
+
+#[tokio::test]
+async fn a_lock_lease_deleted_while_status_trails_is_recreated_above_every_token_and_drained_unacknowledged() {
+    let env = Env::new("drain-trailing").await;
+    // The first leader's wall clock stands still: each token it mints is the one before
+    // plus one, so the tokens issued after its last status write are just above the token
+    // status records.
+    let clocks = std::env::temp_dir().join(format!("leasehold-e2e-{}-clocks", env.name()));
+    std::fs::create_dir_all(&clocks).expect("a directory for the clocks");
+    let (frozen, behind) = (clocks.join("frozen"), clocks.join("behind"));
+    set_clock(&frozen, &Timestamp::now().strftime("%Y-%m-%d %H:%M:%S").to_string());
+    set_clock(&behind, "-3600");
+    let mut first = env.controller_under_clock(&frozen, &["--leader-elect=false"]).await;
+    env.lock(LOCK, timing(20, 15, 2)).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    let token_a = hold_a.token();
+    until(&env.locks(), LOCK, WAIT, "status names a", move |l: &DistributedLock| {
+        l.status.as_ref().and_then(|s| s.holders.first()).is_some_and(|h| h.fencing_token == token_a)
+    })
+    .await;
+
+    // Status stops following the grants: a lets go and b is granted, which status never
+    // shows (held back under contention, or its write refused as here).
+    let policy = refuse_status_writes(&env).await;
+    let claimant_b = b.claimant(env.name());
+    let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, WAIT).await });
+    hold_a.release().await;
+    let hold_b = waiting_b.await.expect("join").expect("b is granted");
+    let token_b = hold_b.token();
+    assert!(token_b > token_a);
+    let trailing = env.locks().get(LOCK).await.expect("the lock").status.expect("a status");
+    assert_eq!(trailing.fencing_token, Some(token_a), "status still shows a's grant alone");
+
+    // The first leader goes; the Lease is deleted before a new leader — its clock an hour
+    // behind — has seen it. The new leader knows only what status says.
+    first.kill();
+    let old_uid = env.leases().get(LOCK).await.expect("the lock Lease").metadata.uid;
+    let as_gc: Api<Lease> =
+        Api::namespaced(env.impersonating(crate::support::locks::GARBAGE_COLLECTOR).await, env.name());
+    as_gc.delete(LOCK, &DeleteParams::default()).await.expect("delete the lock Lease");
+    let _second = env.controller_under_clock(&behind, &["--leader-elect=false"]).await;
+    let recreated = until(&env.leases(), LOCK, WAIT, "the Lease re-created", move |l: &Lease| {
+        l.metadata.uid.is_some() && l.metadata.uid != old_uid
+    })
+    .await;
+
+    let raised = token::of_lease(&recreated).expect("a token");
+    assert!(
+        raised > token_b,
+        "the re-created Lease's token {raised} is not above b's {token_b}, which status never showed"
+    );
+    assert_eq!(revoked_for(&recreated), Some("LeaseDeleted"));
+    assert_eq!(edit::holder(&recreated), Some(a.identity().id.as_str()), "the holder status names is drained");
+    assert_eq!(
+        edit::draining(&recreated),
+        Some(Some(raised)),
+        "drained under the raised token, which no claimant was handed: nobody acknowledges it"
+    );
+    assert!(edit::given_back(&recreated, &a.identity(), token_a).is_none(), "a cannot end the drain");
+    let lost = tokio::time::timeout(WAIT, hold_b.lost()).await.expect("b loses the hold");
+    assert!(lost.is_some(), "b is told its hold is lost");
+    allow_status_writes(&env, &policy).await;
 }

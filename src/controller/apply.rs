@@ -21,7 +21,7 @@ use super::error::Error;
 use super::plan::{First, LeaseWrite, Plan, RequestUpdate, StatusPlan};
 use super::{claims, finalize, force, lock_lease, record, status};
 use crate::crd::{DistributedLock, ForceReleaseEntry, ForceReleaseRequest, LockClaim, MANAGER_CONTROLLER};
-use crate::lease::{CasStore, LeaseStore};
+use crate::lease::{CasStore, GrantedTiming, LeaseStore};
 
 /// Where a plan is written.
 pub struct Target<'a> {
@@ -143,9 +143,10 @@ async fn write_requests(t: &Target<'_>, updates: &[RequestUpdate]) -> (Vec<Force
 
 /// Applies the status that follows, if it differs from the last one written. What this
 /// reconcile did is kept in memory until a status write succeeds, so a failed status
-/// write loses nothing and counts nothing twice. A change to the waiting queue alone may
-/// be held back a moment, and a status just written is not applied again before the cache
-/// has had a moment to show it ([`coalesce`]): then returns when to look again.
+/// write loses nothing and counts nothing twice. A routine change of a contended lock
+/// (grants, releases, the queue) may be held back a moment, and a status just written is
+/// not applied again before the cache has had a moment to show it ([`coalesce`]): then
+/// returns when to look again.
 async fn apply_status(
     t: &Target<'_>,
     plan: StatusPlan,
@@ -184,18 +185,15 @@ async fn apply_status(
     // it yet, in its copy of the lock or in the cache: it waits for the write's own event
     // rather than applying the same status again.
     let shown = lock.status.is_some() || cached.as_ref().is_some_and(|c| c.status.is_some());
-    // Only a reconcile with nothing to record may hold its write back.
-    let to_record = outcome != status::Outcome::default();
-    match coalesce::status_write(&previous, &desired, since_written, shown, to_record) {
+    let lease_duration = GrantedTiming::of_spec(&lock.spec).timing.lease_duration;
+    match coalesce::status_write(&previous, &desired, since_written, shown, &outcome, lease_duration) {
         StatusWrite::Apply => {}
         StatusWrite::Skip => {
             ctx.with_memory(key, &uid, |m| m.pending = None);
             return Ok(None);
         }
-        StatusWrite::Wait(wait) => {
-            ctx.with_memory(key, &uid, |m| m.pending = None);
-            return Ok(Some(wait));
-        }
+        // What was done stays pending: the write that lands counts it.
+        StatusWrite::Wait(wait) => return Ok(Some(wait)),
     }
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let patch = json!({

@@ -1,36 +1,99 @@
 //! Which status writes may wait. On a contended lock most reconciles change nothing in
-//! status but the waiting queue — a claimant that let go queues again at once — and each
-//! such write is a server-side apply, the dearest write the apiserver takes. A change to the
-//! queue alone, made while claimants waited before and still wait, is held back for a
-//! moment after the lock's last status write: the next grant's write carries it, or it is
-//! written once the moment has passed. Everything else — a holder, a token, a counter, a
-//! condition, the queue becoming empty or non-empty — is written at once. Status is never
-//! where a decision is read from, so holding the queue back changes no grant.
+//! status but its holder, token, counters and waiting queue — a claimant that let go
+//! queues again at once, and the next is granted — and each such write is a server-side
+//! apply, the dearest write the apiserver takes (about three times a Lease compare-and-swap).
+//! Such a routine change, made while claimants waited before and still wait, is held back
+//! for a moment after the lock's last status write: a later write carries it, or it is
+//! written once the moment has passed.
+//!
+//! Status is never where a decision is read from, but recovery reads it: a lock Lease
+//! deleted before this leader saw it is re-created draining the holder status names, and a
+//! token is minted above status's. So a change is held back only while the status last
+//! written still covers every hold granted since: each was granted on a slot that status
+//! shows held, under a lease duration no longer than that holder's, with a token less than
+//! [`TRAILING_TOKENS`] above status's, and under the generation status reflects. Recovery
+//! mints above status's token plus that margin ([`recovery_floor`]) and drains the holder
+//! status names to the end of its lease duration, unacknowledged. Everything else — a
+//! condition, a revocation, a forced release, a new generation, the queue becoming empty
+//! or non-empty — is written at once.
 //!
 //! Nor is a status applied again that was written moments ago but that no copy of the lock
 //! shows yet: the write's own event is on its way and reconciles the lock.
 
 use std::time::Duration;
 
+use super::recreate;
+use super::status::Outcome;
 use crate::crd::DistributedLockStatus;
 
-/// How long after the lock's last status write a change to the queue alone may wait.
+/// How long after the lock's last status write a routine change may wait.
 pub const QUEUE_SETTLE: Duration = Duration::from_millis(250);
 
+/// How far above the token status records the tokens granted while status waits may run
+/// (tokens follow the wall clock in ms: ten seconds of it, forty times the settle).
+pub const TRAILING_TOKENS: i64 = 10_000;
+
+/// The token recovery assumes may have been issued, given the status last written (which
+/// may trail the grants by up to [`TRAILING_TOKENS`]): 0 with no status token.
+pub fn recovery_floor(status: Option<&DistributedLockStatus>) -> i64 {
+    status.and_then(|s| s.fencing_token).map_or(0, |t| t.saturating_add(TRAILING_TOKENS))
+}
+
 /// How long to hold back writing `desired` over `previous`, the status last written
-/// `since_written` ago (unknown: never held back). `None`: write now.
+/// `since_written` ago (unknown: never held back), given what was done since (`done`) and
+/// the lease duration grants are made under now. `None`: write now.
 pub fn hold_back(
     previous: &DistributedLockStatus,
     desired: &DistributedLockStatus,
+    done: &Outcome,
+    lease_duration: Duration,
     since_written: Option<Duration>,
 ) -> Option<Duration> {
     let remaining = remaining(QUEUE_SETTLE, since_written)?;
     let waiting = previous.queue_length > 0 && desired.queue_length > 0;
-    let queue_only = || {
-        let queue = (previous.waiters.clone(), previous.queue_length);
-        DistributedLockStatus { waiters: queue.0, queue_length: queue.1, ..desired.clone() } == *previous
+    (waiting && routine(previous, desired, done) && covered(previous, desired, done, lease_duration))
+        .then_some(remaining)
+}
+
+/// Whether `desired` changes nothing over `previous` but what grants and releases change
+/// on a contended lock: the same conditions (their messages name the holder), generation
+/// and force-release record, and no revocation.
+fn routine(previous: &DistributedLockStatus, desired: &DistributedLockStatus, done: &Outcome) -> bool {
+    let kinds = |s: &DistributedLockStatus| {
+        s.conditions.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone())).collect::<Vec<_>>()
     };
-    (waiting && queue_only()).then_some(remaining)
+    done.revoked.is_empty()
+        && done.forced.is_none()
+        && done.history.is_empty()
+        && desired.observed_generation == previous.observed_generation
+        && desired.last_force_release == previous.last_force_release
+        && desired.force_release_approvals == previous.force_release_approvals
+        && desired.force_release_history == previous.force_release_history
+        && kinds(desired) == kinds(previous)
+}
+
+/// Whether recovery from `previous` is still safe for every hold granted since (`done`,
+/// under `lease_duration`): its token within the margin, its slot held in `previous` by a
+/// holder granted for at least as long.
+fn covered(
+    previous: &DistributedLockStatus,
+    desired: &DistributedLockStatus,
+    done: &Outcome,
+    lease_duration: Duration,
+) -> bool {
+    let tokens = match (previous.fencing_token, desired.fencing_token) {
+        (Some(written), Some(now)) => now <= written.saturating_add(TRAILING_TOKENS),
+        (written, now) => written == now,
+    };
+    let held_as_long = |slot: u32| {
+        previous
+            .holders
+            .iter()
+            .find(|h| u32::try_from(h.slot).ok() == Some(slot))
+            .and_then(recreate::granted_for)
+            .is_some_and(|d| d >= lease_duration)
+    };
+    tokens && done.granted.iter().all(|g| held_as_long(g.slot))
 }
 
 /// How long after a status write a reconcile that does not see it yet waits for the cache,
@@ -65,14 +128,15 @@ pub enum StatusWrite {
 
 /// The status write for `desired`, given `previous` (the status last written in this
 /// term, else the lock's own), when that write was made, whether any copy of the lock
-/// (the reconcile's or the cache's) shows a status at all, and whether this reconcile has
-/// something to record (a grant, a revocation, a force-release, a counter).
+/// (the reconcile's or the cache's) shows a status at all, what was done since the write
+/// and the lease duration grants are made under now.
 pub fn status_write(
     previous: &DistributedLockStatus,
     desired: &DistributedLockStatus,
     since_written: Option<Duration>,
     shown: bool,
-    to_record: bool,
+    done: &Outcome,
+    lease_duration: Duration,
 ) -> StatusWrite {
     if desired == previous {
         if shown {
@@ -82,7 +146,7 @@ pub fn status_write(
             return StatusWrite::Wait(wait);
         }
     }
-    match hold_back(previous, desired, since_written).filter(|_| !to_record) {
+    match hold_back(previous, desired, done, lease_duration, since_written) {
         Some(wait) => StatusWrite::Wait(wait),
         None => StatusWrite::Apply,
     }
@@ -91,25 +155,42 @@ pub fn status_write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{HolderStatus, WaiterStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use crate::controller::status::Granted;
+    use crate::crd::{ForceRelease, HolderStatus, WaiterStatus};
+    use crate::lease::RevokeReason;
+    use jiff::Timestamp;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
     const MS: Duration = Duration::from_millis(1);
+    const LEASE: Duration = Duration::from_secs(15);
 
     fn waiter(id: &str) -> WaiterStatus {
-        WaiterStatus { identity: id.into(), pod: None, mode: None, since: Time(jiff::Timestamp::UNIX_EPOCH) }
+        WaiterStatus { identity: id.into(), pod: None, mode: None, since: Time(Timestamp::UNIX_EPOCH) }
     }
 
+    fn condition(type_: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: Some(1),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    /// Held by `holder` on slot 0 for 15 s with `token`, `waiters` queued, at generation 1.
     fn status(holder: &str, token: i64, waiters: &[&str]) -> DistributedLockStatus {
+        let renewed = Timestamp::from_second(1_000).unwrap();
         let holder = HolderStatus {
             identity: holder.into(),
             slot: 0,
             mode: None,
             pod: None,
             fencing_token: token,
-            acquired_at: Time(jiff::Timestamp::UNIX_EPOCH),
-            renewed_at: None,
-            expires_at: None,
+            acquired_at: Time(renewed),
+            renewed_at: Some(Time(renewed)),
+            expires_at: Some(Time(Timestamp::from_second(1_015).unwrap())),
             waited_seconds: 0.0,
         };
         DistributedLockStatus {
@@ -118,37 +199,185 @@ mod tests {
             fencing_token: Some(token),
             waiters: waiters.iter().map(|w| waiter(w)).collect(),
             queue_length: i32::try_from(waiters.len()).unwrap_or(i32::MAX),
+            conditions: vec![condition("Held", "Held", &format!("held with token {token}"))],
+            observed_generation: Some(1),
             ..DistributedLockStatus::default()
         }
     }
 
+    fn granted(slot: u32, token: i64) -> Outcome {
+        let grant = Granted {
+            slot,
+            identity: "b".into(),
+            token,
+            acquired: Timestamp::UNIX_EPOCH,
+            waited_seconds: 0.0,
+            handoff_ms: None,
+        };
+        Outcome { granted: vec![grant], ..Outcome::default() }
+    }
+
     #[test]
-    fn only_a_change_within_a_waiting_queue_waits_and_only_for_the_rest_of_the_settle() {
+    fn only_routine_changes_recovery_still_covers_wait_and_only_for_the_rest_of_the_settle() {
         let before = status("a", 5, &["b", "c"]);
+        let none = Outcome::default();
+        let handed = granted(0, 6);
         let counted = DistributedLockStatus {
             stats: crate::crd::LockStats { grants: 1, ..Default::default() },
-            ..status("a", 5, &["b", "c", "d"])
+            ..status("b", 6, &["c", "a"])
         };
-        let table: Vec<(&str, DistributedLockStatus, Option<Duration>, Option<Duration>)> = vec![
-            ("a waiter joins a waiting queue", status("a", 5, &["b", "c", "d"]), Some(100 * MS), Some(150 * MS)),
-            ("a waiter leaves a waiting queue", status("a", 5, &["c"]), Some(Duration::ZERO), Some(QUEUE_SETTLE)),
-            ("the queue reorders", status("a", 5, &["c", "b"]), Some(249 * MS), Some(MS)),
-            ("the settle has passed", status("a", 5, &["b", "c", "d"]), Some(QUEUE_SETTLE), None),
-            ("the last write is unknown", status("a", 5, &["b", "c", "d"]), None, None),
-            ("the queue empties", status("a", 5, &[]), Some(10 * MS), None),
-            ("a new holder", status("b", 6, &["c"]), Some(10 * MS), None),
-            ("the same holder, a new token", status("a", 6, &["b", "c"]), Some(10 * MS), None),
-            ("a counter with the queue", counted, Some(10 * MS), None),
+        let untimed = DistributedLockStatus {
+            holders: vec![HolderStatus { expires_at: None, ..before.holders[0].clone() }],
+            ..before.clone()
+        };
+        let past_margin = TRAILING_TOKENS + 6;
+        let revoked = Outcome { revoked: vec![(0, RevokeReason::Expired)], ..granted(0, 6) };
+        let forced = Outcome {
+            forced: Some(ForceRelease {
+                by: "op".into(),
+                reason: "stuck".into(),
+                at: Time(Timestamp::UNIX_EPOCH),
+                revoked_token: Some(5),
+                request: None,
+                approved_by: vec![],
+            }),
+            ..Outcome::default()
+        };
+        let regenerated = DistributedLockStatus { observed_generation: Some(2), ..status("b", 6, &["c"]) };
+        let turned = DistributedLockStatus {
+            conditions: vec![condition("Held", "Draining", "draining token 5")],
+            ..status("a", 5, &["b", "c"])
+        };
+        let other_slot = granted(1, 6);
+        let (at_margin, beyond) = (granted(0, past_margin - 1), granted(0, past_margin));
+        // (case, previous, desired, done, lease duration now, since written, expected)
+        type Row<'a> = (
+            &'a str,
+            &'a DistributedLockStatus,
+            DistributedLockStatus,
+            &'a Outcome,
+            Duration,
+            Option<Duration>,
+            Option<Duration>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "a waiter joins a waiting queue",
+                &before,
+                status("a", 5, &["b", "c", "d"]),
+                &none,
+                LEASE,
+                Some(100 * MS),
+                Some(150 * MS),
+            ),
+            (
+                "a waiter leaves a waiting queue",
+                &before,
+                status("a", 5, &["c"]),
+                &none,
+                LEASE,
+                Some(Duration::ZERO),
+                Some(QUEUE_SETTLE),
+            ),
+            ("the queue reorders", &before, status("a", 5, &["c", "b"]), &none, LEASE, Some(249 * MS), Some(MS)),
+            (
+                "a new holder on the slot status shows held",
+                &before,
+                status("b", 6, &["c"]),
+                &handed,
+                LEASE,
+                Some(10 * MS),
+                Some(240 * MS),
+            ),
+            (
+                "the same holder, a new token",
+                &before,
+                status("a", 6, &["b", "c"]),
+                &handed,
+                LEASE,
+                Some(10 * MS),
+                Some(240 * MS),
+            ),
+            (
+                "a grant counted, its condition's message changed",
+                &before,
+                counted,
+                &handed,
+                LEASE,
+                Some(10 * MS),
+                Some(240 * MS),
+            ),
+            (
+                "a token at the margin",
+                &before,
+                status("b", past_margin - 1, &["c"]),
+                &at_margin,
+                LEASE,
+                Some(10 * MS),
+                Some(240 * MS),
+            ),
+            (
+                "a shorter lease duration than the holder status names",
+                &before,
+                status("b", 6, &["c"]),
+                &handed,
+                LEASE / 3,
+                Some(10 * MS),
+                Some(240 * MS),
+            ),
+            ("the settle has passed", &before, status("b", 6, &["c"]), &handed, LEASE, Some(QUEUE_SETTLE), None),
+            ("the last write is unknown", &before, status("a", 5, &["b", "c", "d"]), &none, LEASE, None, None),
+            ("the queue empties", &before, status("b", 6, &[]), &handed, LEASE, Some(10 * MS), None),
+            ("a token past the margin", &before, status("b", past_margin, &["c"]), &beyond, LEASE, Some(10 * MS), None),
+            (
+                "a grant on a slot status shows free",
+                &before,
+                status("a", 6, &["c"]),
+                &other_slot,
+                LEASE,
+                Some(10 * MS),
+                None,
+            ),
+            (
+                "a longer lease duration than the holder status names",
+                &before,
+                status("b", 6, &["c"]),
+                &handed,
+                2 * LEASE,
+                Some(10 * MS),
+                None,
+            ),
+            (
+                "status names a holder without its timing",
+                &untimed,
+                status("b", 6, &["c"]),
+                &handed,
+                LEASE,
+                Some(10 * MS),
+                None,
+            ),
+            ("a revocation", &before, status("b", 6, &["c"]), &revoked, LEASE, Some(10 * MS), None),
+            ("a forced release", &before, status("a", 5, &["b", "c"]), &forced, LEASE, Some(10 * MS), None),
+            ("a new generation", &before, regenerated, &handed, LEASE, Some(10 * MS), None),
+            ("a condition turns", &before, turned, &none, LEASE, Some(10 * MS), None),
         ];
-        for (case, desired, since, want) in table {
-            assert_eq!(hold_back(&before, &desired, since), want, "{case}");
+        for (case, previous, desired, done, lease, since, want) in table {
+            assert_eq!(hold_back(previous, &desired, done, lease, since), want, "{case}");
         }
     }
 
     #[test]
     fn the_first_waiter_is_written_at_once() {
         let free_queue = status("a", 5, &[]);
-        assert_eq!(hold_back(&free_queue, &status("a", 5, &["b"]), Some(MS)), None);
+        assert_eq!(hold_back(&free_queue, &status("a", 5, &["b"]), &Outcome::default(), LEASE, Some(MS)), None);
+    }
+
+    #[test]
+    fn recovery_assumes_tokens_up_to_the_margin_above_status() {
+        assert_eq!(recovery_floor(None), 0);
+        assert_eq!(recovery_floor(Some(&DistributedLockStatus::default())), 0);
+        assert_eq!(recovery_floor(Some(&status("a", 5, &[]))), 5 + TRAILING_TOKENS);
+        assert_eq!(recovery_floor(Some(&status("a", i64::MAX - 1, &[]))), i64::MAX);
     }
 
     #[test]
@@ -156,19 +385,22 @@ mod tests {
         use StatusWrite::{Apply, Skip, Wait};
         let written = status("a", 5, &["b", "c"]);
         let joined = status("a", 5, &["b", "c", "d"]);
-        let granted = status("b", 6, &["c"]);
-        // (case, desired, since written, shown, something to record, expected)
-        type Row<'a> = (&'a str, &'a DistributedLockStatus, Option<Duration>, bool, bool, StatusWrite);
+        let granted_b = status("b", 6, &["c"]);
+        let none = Outcome::default();
+        let handed = granted(0, 6);
+        let revoked = Outcome { revoked: vec![(0, RevokeReason::Expired)], ..Outcome::default() };
+        // (case, desired, since written, shown, done, expected)
+        type Row<'a> = (&'a str, &'a DistributedLockStatus, Option<Duration>, bool, &'a Outcome, StatusWrite);
         let table: Vec<Row> = vec![
-            ("unchanged and shown", &written, Some(10 * MS), true, false, Skip),
-            ("unchanged and shown, written long ago", &written, Some(60 * UNSEEN_GRACE), true, false, Skip),
-            ("unchanged and shown, write unknown", &written, None, true, false, Skip),
+            ("unchanged and shown", &written, Some(10 * MS), true, &none, Skip),
+            ("unchanged and shown, written long ago", &written, Some(60 * UNSEEN_GRACE), true, &none, Skip),
+            ("unchanged and shown, write unknown", &written, None, true, &none, Skip),
             (
                 "unchanged, not shown yet: its event is on its way",
                 &written,
                 Some(10 * MS),
                 false,
-                false,
+                &none,
                 Wait(UNSEEN_GRACE - 10 * MS),
             ),
             (
@@ -176,25 +408,25 @@ mod tests {
                 &written,
                 Some(UNSEEN_GRACE),
                 false,
-                false,
+                &none,
                 Apply,
             ),
-            ("unchanged, not shown, never written in this term", &written, None, false, false, Apply),
+            ("unchanged, not shown, never written in this term", &written, None, false, &none, Apply),
             (
                 "the queue alone changed within the settle",
                 &joined,
                 Some(10 * MS),
                 true,
-                false,
+                &none,
                 Wait(QUEUE_SETTLE - 10 * MS),
             ),
-            ("the queue alone changed, but something to record", &joined, Some(10 * MS), true, true, Apply),
-            ("the queue alone changed after the settle", &joined, Some(QUEUE_SETTLE), true, false, Apply),
-            ("a new holder", &granted, Some(10 * MS), true, false, Apply),
-            ("a new holder, not shown yet", &granted, Some(10 * MS), false, false, Apply),
+            ("the queue changed, and a revocation to record", &joined, Some(10 * MS), true, &revoked, Apply),
+            ("the queue alone changed after the settle", &joined, Some(QUEUE_SETTLE), true, &none, Apply),
+            ("a new holder within the settle", &granted_b, Some(10 * MS), true, &handed, Wait(QUEUE_SETTLE - 10 * MS)),
+            ("a new holder after the settle", &granted_b, Some(QUEUE_SETTLE), false, &handed, Apply),
         ];
-        for (case, desired, since, shown, to_record, want) in table {
-            assert_eq!(status_write(&written, desired, since, shown, to_record), want, "{case}");
+        for (case, desired, since, shown, done, want) in table {
+            assert_eq!(status_write(&written, desired, since, shown, done, LEASE), want, "{case}");
         }
     }
 

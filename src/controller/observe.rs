@@ -14,7 +14,7 @@ use super::decide::Tokens;
 use super::error::Error;
 use super::plan::{self, HoldClock, Observation, SlotView, Waiting};
 use super::view::{self, LeaseState};
-use super::{claims, clocks, force_requests, pods, recreate};
+use super::{claims, clocks, coalesce, force_requests, pods, recreate};
 use crate::crd::DistributedLock;
 use crate::lease::clock::Sighting;
 use crate::lease::{GrantedTiming, Identity, token};
@@ -25,14 +25,16 @@ pub fn known_token(ctx: &Context, key: &LockKey, lock: &DistributedLock) -> i64 
 }
 
 /// The tokens known, from every source we trust: status, our memory, and every slot
-/// Lease's annotation unless one is above what a controller could have minted.
-fn tokens<'a>(known: i64, leases: impl Iterator<Item = &'a Lease>, wall_ms: i64) -> Tokens {
+/// Lease's annotation unless one is above what a controller could have minted. A slot
+/// Lease without a readable token may have lost one above status's: it counts as carrying
+/// `untokened`, the highest status lets us assume issued.
+fn tokens<'a>(known: i64, untokened: i64, leases: impl Iterator<Item = &'a Lease>, wall_ms: i64) -> Tokens {
     let ceiling = token::ceiling(known, wall_ms);
     let mut highest = known;
     for lease in leases {
         match token::of_lease(lease) {
             Some(found) if found > ceiling => return Tokens::Tampered { found, ceiling },
-            found => highest = highest.max(found.unwrap_or(0)),
+            found => highest = highest.max(found.unwrap_or(untokened)),
         }
     }
     Tokens::Known(highest)
@@ -181,8 +183,45 @@ pub async fn observe<'a>(
         executed: force_requests::executed(ctx, key, lock),
         required: force_requests::required(ctx, lock),
         known,
-        tokens: tokens(known, leases.iter().map(|(_, l)| l), wall.as_millisecond()),
+        tokens: tokens(
+            known,
+            coalesce::recovery_floor(lock.status.as_ref()),
+            leases.iter().map(|(_, l)| l),
+            wall.as_millisecond(),
+        ),
         confirm_timeout: misses.window(ctx.settings.confirm_timeout, spec_terms.timing.lease_duration),
         wall,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::build;
+    use crate::crd::{ANNOTATION_TOKEN, DistributedLockSpec};
+
+    #[test]
+    fn a_slot_lease_without_a_token_counts_as_carrying_what_status_may_trail() {
+        let lock = DistributedLock::new("db", DistributedLockSpec::default());
+        let with = |token: i64| build::new_lock_lease(&lock, 0, token);
+        let mut stripped = with(900);
+        stripped.annotations_mut().remove(ANNOTATION_TOKEN);
+        let wall = 1_000_000;
+        let ceiling = token::ceiling(500, wall);
+        type Row = (&'static str, Vec<Lease>, Tokens);
+        let table: Vec<Row> = vec![
+            ("no Lease: what we know", vec![], Tokens::Known(500)),
+            ("a Lease above what we know", vec![with(900)], Tokens::Known(900)),
+            ("a Lease without a token: the floor status allows", vec![stripped.clone()], Tokens::Known(10_500)),
+            ("a stripped Lease beside a tokened one", vec![with(20_000), stripped], Tokens::Known(20_000)),
+            (
+                "a token no controller could have minted",
+                vec![with(ceiling + 1)],
+                Tokens::Tampered { found: ceiling + 1, ceiling },
+            ),
+        ];
+        for (name, leases, want) in table {
+            assert_eq!(tokens(500, 10_500, leases.iter(), wall), want, "{name}");
+        }
+    }
 }

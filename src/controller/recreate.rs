@@ -2,7 +2,10 @@
 //! delete it) is re-created *draining* that hold, never free: its holder may still be
 //! acting inside the time it was told it had, so the next grant waits for the holder's
 //! acknowledgement or for the hold's lease duration, exactly as for any other revocation
-//! of a holder that may be alive.
+//! of a holder that may be alive. A hold known only from status (the Lease was deleted
+//! before this leader saw it) may not be the newest: status may trail the grants while
+//! claimants wait. Its drain is then acknowledged by nobody and runs for its whole lease
+//! duration, so whichever hold the deleted Lease carried has ended by then.
 
 use std::time::Duration;
 
@@ -27,6 +30,9 @@ pub struct Orphan {
     pub lease_duration: Duration,
     /// The mode it was granted in: the re-created Lease drains a writer as a writer.
     pub mode: ClaimMode,
+    /// Whether it is the hold the Lease carried as last seen (its holder may acknowledge
+    /// the drain), not one read from status, which may trail the Lease.
+    pub exact: bool,
 }
 
 /// What re-creation needs of a slot Lease as last seen, and no more: the hold it carried
@@ -65,6 +71,7 @@ pub fn seen(lease: &Lease) -> Seen {
             token,
             lease_duration: granted::of_lease(lease, &RECORDED_ONLY).timing.lease_duration,
             mode: super::view::mode_of(lease),
+            exact: true,
         })
     };
     Seen(carried())
@@ -72,22 +79,22 @@ pub fn seen(lease: &Lease) -> Seen {
 
 /// The hold the deleted Lease carried: the one on the Lease as we last decided from it
 /// in this leadership term (`seen`), or — if we had not looked at it yet — the one status
-/// records. `None` when it carried none. A holder that released after status was written
-/// makes the next grant wait for one lease duration: a cost, never a second holder.
+/// records, which may be an older hold of the slot than the Lease's last (status written
+/// while claimants waited may trail it, never past a hold of at least as long a lease
+/// duration on the same slot). `None` when it carried none. A holder that released after
+/// status was written makes the next grant wait for one lease duration: a cost, never a
+/// second holder.
 pub fn orphan(seen: Option<&Seen>, status: Option<&HolderStatus>, spec: &GrantedTiming) -> Option<Orphan> {
     let mut found = match seen {
         Some(Seen(carried)) => carried.clone()?,
         None => {
             let h = status?;
-            let granted_for = match (&h.renewed_at, &h.expires_at) {
-                (Some(renewed), Some(expires)) => Duration::try_from(expires.0.duration_since(renewed.0)).ok(),
-                _ => None,
-            };
             Orphan {
                 identity: h.identity.clone(),
                 token: h.fencing_token,
-                lease_duration: granted_for.unwrap_or_default(),
+                lease_duration: granted_for(h).unwrap_or_default(),
                 mode: h.mode.unwrap_or_default(),
+                exact: false,
             }
         }
     };
@@ -95,9 +102,21 @@ pub fn orphan(seen: Option<&Seen>, status: Option<&HolderStatus>, spec: &Granted
     Some(found)
 }
 
+/// The lease duration the holder `h` was granted under, as status records it.
+pub fn granted_for(h: &HolderStatus) -> Option<Duration> {
+    match (&h.renewed_at, &h.expires_at) {
+        (Some(renewed), Some(expires)) => Duration::try_from(expires.0.duration_since(renewed.0)).ok(),
+        _ => None,
+    }
+}
+
 /// Slot `slot`'s Lease re-created draining `orphan`: the holder still named, the token raised
 /// to `raise_to` (the orphan's token is stale at once), the drain timed by the orphan's
-/// lease duration.
+/// lease duration. An orphan known exactly is drained under its own token, which its holder
+/// acknowledges on letting go; one read from status under `raise_to`, a token no claimant
+/// was handed, so that no acknowledgement ends the drain early: the hold status names may be
+/// an older one than the Lease carried, whose holder would acknowledge a drain of a hold it
+/// no longer has while the newer holder may still believe it holds.
 pub fn recreated(lock: &DistributedLock, slot: u32, raise_to: i64, orphan: &Orphan, spec: &GrantedTiming) -> Lease {
     let mut lease = build::new_lock_lease(lock, slot, raise_to);
     let mut terms = *spec;
@@ -109,7 +128,8 @@ pub fn recreated(lock: &DistributedLock, slot: u32, raise_to: i64, orphan: &Orph
     if orphan.mode == ClaimMode::Write {
         lease.annotations_mut().insert(ANNOTATION_MODE.into(), ClaimMode::Write.as_str().into());
     }
-    build::draining(&lease, raise_to, REASON, Some(orphan.token))
+    let drained = if orphan.exact { orphan.token } else { raise_to };
+    build::draining(&lease, raise_to, REASON, Some(drained))
 }
 
 #[cfg(test)]
@@ -156,8 +176,9 @@ mod tests {
         let spec = GrantedTiming::of_spec(&DistributedLockSpec { lease_duration_seconds: 5, ..Default::default() });
         let secs = Duration::from_secs;
         let orphan_of = |id: &str, token, s| {
-            Some(Orphan { identity: id.into(), token, lease_duration: secs(s), mode: ClaimMode::Read })
+            Some(Orphan { identity: id.into(), token, lease_duration: secs(s), mode: ClaimMode::Read, exact: true })
         };
+        let from_status = |id: &str, token, s| Some(Orphan { exact: false, ..orphan_of(id, token, s).unwrap() });
         let drained = build::draining(&held_by("a_1", 7, 9), 8, "Forced", Some(7));
         let free = build::new_lock_lease(&lock(), 0, 7);
         let mut unrecorded = held_by("a_1", 7, 9);
@@ -170,7 +191,7 @@ mod tests {
         let table: Vec<Row> = vec![
             ("nothing known", None, None, None),
             ("the Lease as seen names a holder", Some(held_by("a_1", 7, 9)), None, orphan_of("a_1", 7, 9)),
-            ("not seen in this term: status", None, Some(status("b_2", 6, 12)), orphan_of("b_2", 6, 12)),
+            ("not seen in this term: status", None, Some(status("b_2", 6, 12)), from_status("b_2", 6, 12)),
             ("seen, status ignored", Some(held_by("a_1", 7, 9)), Some(status("b_2", 6, 12)), orphan_of("a_1", 7, 9)),
             ("seen free after status was written", Some(free), Some(status("b_2", 6, 12)), None),
             ("a drain still unacknowledged", Some(drained), None, orphan_of("a_1", 7, 9)),
@@ -187,7 +208,7 @@ mod tests {
                 "status without timing: the spec's",
                 None,
                 Some(HolderStatus { expires_at: None, ..status("b_2", 6, 1) }),
-                orphan_of("b_2", 6, 5),
+                from_status("b_2", 6, 5),
             ),
         ];
         for (name, written, status, want) in table {
@@ -203,6 +224,7 @@ mod tests {
             token: 7,
             lease_duration: Duration::from_secs(9),
             mode: ClaimMode::Read,
+            exact: true,
         };
         let lease = recreated(&lock(), 0, 8, &orphan, &spec);
         assert_eq!(crate::lease::token::of_lease(&lease), Some(8), "the old token is stale at once");
@@ -219,6 +241,30 @@ mod tests {
         // A writer's Lease is re-created draining a writer: it keeps the readers out.
         let writer = recreated(&lock(), 0, 8, &Orphan { mode: ClaimMode::Write, ..orphan.clone() }, &spec);
         assert!(matches!(view::lease_state(&writer), LeaseState::Draining(d) if d.mode == ClaimMode::Write));
+        assert!(view::lease_hold(&lease).is_none(), "a re-created Lease grants nothing");
+        let holder = Identity::parse("pod-a_uid-a");
+        assert!(crate::claim::edit::given_back(&lease, &holder, 7).is_some(), "its holder may acknowledge");
+    }
+
+    #[test]
+    fn a_hold_known_from_status_is_drained_to_its_end() {
+        let spec = GrantedTiming::of_spec(&DistributedLockSpec { lease_duration_seconds: 5, ..Default::default() });
+        let told = status("pod-a_uid-a", 7, 9);
+        let orphan = orphan(None, Some(&told), &spec).expect("status names a holder");
+        let lease = recreated(&lock(), 0, 8, &orphan, &spec);
+        assert_eq!(crate::lease::token::of_lease(&lease), Some(8));
+        assert!(
+            matches!(view::lease_state(&lease), LeaseState::Draining(d) if d.revoked == Some(8) && d.holder == Some(Identity::parse("pod-a_uid-a"))),
+            "drained under the raised token, the holder status names still named"
+        );
+        assert_eq!(granted::of_lease(&lease, &spec).timing.lease_duration, Duration::from_secs(9));
+        // Status may name an older hold than the Lease's last: nobody's acknowledgement —
+        // not that holder's, whatever token below the raised one it was handed — ends the
+        // drain early.
+        let named = Identity::parse("pod-a_uid-a");
+        for token in [6, 7] {
+            assert!(crate::claim::edit::given_back(&lease, &named, token).is_none(), "token {token}");
+        }
         assert!(view::lease_hold(&lease).is_none(), "a re-created Lease grants nothing");
     }
 }

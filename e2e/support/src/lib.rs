@@ -7,6 +7,7 @@
 //! The control plane itself comes from `leasehold-harness`.
 
 pub mod admission;
+pub mod clock;
 pub mod lifecycle;
 pub mod locks;
 pub mod owner;
@@ -148,6 +149,20 @@ impl Env {
 
     /// Starts a controller with `kubeconfig` (default: the admin's).
     pub async fn controller_as(&self, kubeconfig: Option<&std::path::Path>, extra: &[&str]) -> LeaseholdProcess {
+        self.controller_with(kubeconfig, extra, |_| {}).await
+    }
+
+    /// Starts a controller whose wall clock is the timestamp file `clock` ([`clock`]).
+    pub async fn controller_under_clock(&self, clock: &std::path::Path, extra: &[&str]) -> LeaseholdProcess {
+        self.controller_with(None, extra, |command| clock::under_clock(command, clock)).await
+    }
+
+    async fn controller_with(
+        &self,
+        kubeconfig: Option<&std::path::Path>,
+        extra: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> LeaseholdProcess {
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let identity = format!("controller-{}", admin.port());
         let mut command = Command::new(leasehold_bin());
@@ -157,6 +172,7 @@ impl Env {
             .args(extra)
             .env("KUBECONFIG", kubeconfig.unwrap_or(self.cp.kubeconfig_path()))
             .env("RUST_LOG", "info,kube=warn");
+        configure(&mut command);
         let process = LeaseholdProcess::spawn(&identity, command, admin);
         process.wait_ready().await;
         process

@@ -5,10 +5,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use crate::controller::build;
 use crate::controller::recreate::{self, Orphan, Seen};
 use crate::controller::status::{self, Ready};
 use crate::controller::view::{self, Ownership};
+use crate::controller::{build, coalesce};
 use crate::crd::DistributedLock;
 use crate::lease::{GrantedTiming, token};
 
@@ -36,7 +36,9 @@ pub enum Setup {
 
 /// The setup for slot `slot` of `lock` given the Lease with its name (`None`: there is
 /// none), the highest token known, what the Lease carried as last seen in this leadership
-/// term, and now. A slot at or above the lock's permits is never created.
+/// term, and now. A slot at or above the lock's permits is never created. A Lease created
+/// where there is none carries a token above every one that may have been issued: status
+/// may trail the grants by a margin of tokens ([`coalesce::recovery_floor`]).
 pub fn setup(
     lock: &DistributedLock,
     slot: u32,
@@ -54,12 +56,13 @@ pub fn setup(
         let listed = lock.status.as_ref().map(status::listed);
         let status = listed.unwrap_or_default().into_iter().find(|h| u32::try_from(h.slot).ok() == Some(slot));
         let orphan = recreate::orphan(seen, status, &spec);
-        return match (orphan, token::mint(known, now.as_millisecond())) {
+        let floor = known.max(coalesce::recovery_floor(lock.status.as_ref()));
+        return match (orphan, token::mint(floor, now.as_millisecond())) {
             (Some(orphan), Some(raise_to)) => Setup::Create {
                 lease: recreate::recreated(lock, slot, raise_to, &orphan, &spec),
                 orphan: Some((orphan, raise_to)),
             },
-            _ => Setup::Create { lease: build::new_lock_lease(lock, slot, known), orphan: None },
+            _ => Setup::Create { lease: build::new_lock_lease(lock, slot, floor), orphan: None },
         };
     };
     match view::ownership(lease, &lock.name_any(), &lock.uid().unwrap_or_default()) {
@@ -68,5 +71,57 @@ pub fn setup(
         // A Lease that is not ours is left alone, also when the lock goes.
         Ownership::Foreign(_) if deleting => Setup::Finish,
         Ownership::Foreign(why) => Setup::Conflict(Ready::LeaseConflict(why)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{DistributedLockSpec, DistributedLockStatus, HolderStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn lock(status: Option<DistributedLockStatus>) -> DistributedLock {
+        let mut lock = DistributedLock::new("db", DistributedLockSpec::default());
+        lock.metadata.namespace = Some("ns".into());
+        lock.metadata.uid = Some("uid-1".into());
+        lock.status = status;
+        lock
+    }
+
+    fn held(token: i64) -> DistributedLockStatus {
+        let at = Time(Timestamp::from_second(1_000).unwrap());
+        let holder = HolderStatus {
+            identity: "pod-a_uid-a".into(),
+            slot: 0,
+            mode: None,
+            pod: None,
+            fencing_token: token,
+            acquired_at: at.clone(),
+            renewed_at: Some(at),
+            expires_at: Some(Time(Timestamp::from_second(1_015).unwrap())),
+            waited_seconds: 0.0,
+        };
+        DistributedLockStatus { holders: vec![holder], fencing_token: Some(token), ..Default::default() }
+    }
+
+    #[test]
+    fn a_lease_created_where_there_is_none_carries_a_token_above_what_status_may_trail() {
+        // A wall clock behind the tokens (a leader whose clock is behind the last one's).
+        let now = Timestamp::from_second(1).unwrap();
+        let floor = 500 + coalesce::TRAILING_TOKENS;
+        let free = DistributedLockStatus { fencing_token: Some(500), ..Default::default() };
+        // (case, lock status, known, expected token, whether it drains)
+        let table: Vec<(&str, Option<DistributedLockStatus>, i64, i64, bool)> = vec![
+            ("a new lock: what we know", None, 0, 0, false),
+            ("status shows it free: above its token and the margin", Some(free.clone()), 500, floor, false),
+            ("our memory above that", Some(free), floor + 7, floor + 7, false),
+            ("status names a holder: drained under a token above the margin", Some(held(500)), 500, floor + 1, true),
+        ];
+        for (case, status, known, want, drains) in table {
+            let setup = setup(&lock(status), 0, None, known, None, now);
+            let Setup::Create { lease, orphan } = setup else { panic!("{case}: created, got {setup:?}") };
+            assert_eq!(token::of_lease(&lease).unwrap_or(0), want, "{case}");
+            assert_eq!(orphan.is_some(), drains, "{case}");
+        }
     }
 }
