@@ -19,6 +19,17 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Reading a lock from the apiserver failed.
+    #[error("failed to read distributedlock {namespace}/{name}: {source}")]
+    Read {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
     /// Stamping or clearing the force-release annotations failed.
     #[error("failed to update the force-release annotations of distributedlock {namespace}/{name}: {source}")]
     Annotation {
@@ -98,6 +109,7 @@ impl Error {
         match self {
             Error::Lease(e) => format!("lease_{}", e.category()),
             Error::Status { .. } => "status".into(),
+            Error::Read { .. } => "read".into(),
             Error::Annotation { .. } => "annotation".into(),
             Error::Request { .. } => "request".into(),
             Error::Finalizer { .. } => "finalizer".into(),

@@ -35,7 +35,7 @@ use crate::crd::{DistributedLock, DistributedLockStatus, ForceRelease, ForceRele
 use crate::lease::{GrantedTiming, Identity, RevokeReason, granted, token};
 
 pub use settle::{Judgement, RequestUpdate};
-pub use setup::{Setup, setup};
+pub use setup::{Setup, from_status, setup};
 use slots::{SlotCase, decide_slots};
 
 /// How often a lock that cannot be granted (a foreign Lease with its name, a tampered or

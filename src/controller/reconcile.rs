@@ -87,8 +87,10 @@ async fn pass(
     fresh: bool,
 ) -> Result<Recheck, Error> {
     let uid = lock.uid().unwrap_or_default();
-    let known = observe::known_token(ctx, key, lock);
+    let mut known = observe::known_token(ctx, key, lock);
     let permits = plan::permits(lock);
+    // A Lease re-created from status, read afresh (below); kept for every slot.
+    let mut recovering: Option<DistributedLock> = None;
     let mut leases = Vec::new();
     for slot in 0..MAX_PERMITS {
         let found = if slot < permits {
@@ -101,7 +103,16 @@ async fn pass(
             }
         };
         let seen = ctx.with_memory(key, &uid, |m| m.slots.get(&slot).and_then(|s| s.seen.clone()));
-        match plan::setup(lock, slot, found.as_ref(), known, seen.as_ref(), Timestamp::now()) {
+        // A Lease to create that this leader never saw is created from what status says:
+        // status as the apiserver has it now, not as a cache that may lag its latest write.
+        let from_status = found.is_none() && seen.is_none() && plan::from_status(lock, slot);
+        if from_status && recovering.is_none() {
+            let current = read_lock(ctx, key).await?;
+            known = known.max(observe::known_token(ctx, key, &current));
+            recovering = Some(current);
+        }
+        let setup_from = if from_status { recovering.as_ref().unwrap_or(lock) } else { lock };
+        match plan::setup(setup_from, slot, found.as_ref(), known, seen.as_ref(), Timestamp::now()) {
             Setup::Use => leases.push((slot, found.expect("a Lease to use"))),
             Setup::Create { lease, orphan } => {
                 if let Some((_, raise_to)) = &orphan {
@@ -134,4 +145,14 @@ async fn pass(
     let observation = observe::observe(ctx, lock, key, &leases, observed).await?;
     let plan = plan::plan(&observation);
     apply::apply(&Target { ctx, lock, key, store, leases: &leases, observed }, plan).await
+}
+
+/// Lock `key` as the apiserver has it now.
+async fn read_lock(ctx: &Context, key: &LockKey) -> Result<DistributedLock, Error> {
+    let api: kube::Api<DistributedLock> = kube::Api::namespaced(ctx.client.clone(), &key.namespace);
+    api.get(&key.name).await.map_err(|source| Error::Read {
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        source,
+    })
 }

@@ -34,6 +34,14 @@ pub enum Setup {
     Conflict(Ready),
 }
 
+/// Whether a missing Lease for slot `slot` of `lock` would be created from what status
+/// says: the lock stays, the slot is within its permits, and status records a token.
+pub fn from_status(lock: &DistributedLock, slot: u32) -> bool {
+    lock.metadata.deletion_timestamp.is_none()
+        && slot < super::permits(lock)
+        && lock.status.as_ref().is_some_and(|s| s.fencing_token.is_some())
+}
+
 /// The setup for slot `slot` of `lock` given the Lease with its name (`None`: there is
 /// none), the highest token known, what the Lease carried as last seen in this leadership
 /// term, and now. A slot at or above the lock's permits is never created. A Lease created
@@ -122,6 +130,22 @@ mod tests {
             let Setup::Create { lease, orphan } = setup else { panic!("{case}: created, got {setup:?}") };
             assert_eq!(token::of_lease(&lease).unwrap_or(0), want, "{case}");
             assert_eq!(orphan.is_some(), drains, "{case}");
+        }
+    }
+
+    #[test]
+    fn only_a_lock_that_issued_tokens_recovers_a_missing_lease_from_status() {
+        let mut going = lock(Some(held(5)));
+        going.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        let table: Vec<(&str, DistributedLock, u32, bool)> = vec![
+            ("a new lock", lock(None), 0, false),
+            ("status without a token", lock(Some(DistributedLockStatus::default())), 0, false),
+            ("status with a token", lock(Some(held(5))), 0, true),
+            ("a slot above the permits", lock(Some(held(5))), 1, false),
+            ("a lock being deleted", going, 0, false),
+        ];
+        for (case, lock, slot, want) in table {
+            assert_eq!(from_status(&lock, slot), want, "{case}");
         }
     }
 }
