@@ -391,6 +391,45 @@ async fn invalid_specs_are_rejected_with_a_message_naming_the_field() {
 }
 
 #[tokio::test]
+async fn a_contended_locks_status_counts_every_grant_and_release_once() {
+    let env = Env::new("counted").await;
+    let _controller = env.controller(&["--leader-elect=false"]).await;
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    let pods = [env.pod("a").await, env.pod("b").await, env.pod("c").await];
+    env.wait_claim_rbac(&pods[0]).await;
+    let mut grants = GrantLog::start(env.leases(), LOCK);
+    // Three claimants take the lock in turn, each queuing again as soon as it let go: while
+    // they wait, the lock's status changes are held back and written together.
+    const ROUNDS: usize = 8;
+    let mut workers = Vec::new();
+    for pod in &pods {
+        let claimant = pod.claimant(env.name());
+        workers.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let hold = claimant.acquire(LOCK, Duration::from_secs(60)).await.expect("acquire");
+                assert!(hold.release().await.was_held);
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("a claimant's rounds");
+    }
+    let cycles = pods.len() * ROUNDS;
+    let seen = grants.wait_for(cycles, WAIT).await;
+    assert_eq!(seen.len(), cycles, "grants on the Lease");
+    let lock = until(&env.locks(), LOCK, WAIT, "status free with nobody waiting", |l: &DistributedLock| {
+        l.status.as_ref().is_some_and(|s| s.holders.is_empty() && s.queue_length == 0)
+    })
+    .await;
+    let status = lock.status.expect("status");
+    let count = i64::try_from(cycles).expect("a count");
+    assert_eq!(status.stats.grants, count, "grants counted: {:?}", status.stats);
+    assert_eq!(status.stats.releases, count, "releases counted: {:?}", status.stats);
+    assert_eq!(status.stats.expirations + status.stats.forced_releases, 0, "{:?}", status.stats);
+    assert_eq!(status.fencing_token, seen.last().map(|g| g.token), "the last token issued");
+}
+
+#[tokio::test]
 async fn idle_and_steadily_held_locks_cause_no_status_writes_for_30_seconds() {
     let env = Env::new("quiet").await;
     let _controller = env.controller(&["--leader-elect=false"]).await;
