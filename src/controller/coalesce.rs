@@ -27,10 +27,13 @@ use super::status::Outcome;
 use crate::crd::DistributedLockStatus;
 
 /// How long after the lock's last status write a routine change may wait.
-pub const QUEUE_SETTLE: Duration = Duration::from_millis(250);
+/// A second: on a lock granted many times a second it turns most status applies (the
+/// dearest write) into one per second; status shows a new holder at most this late, and
+/// the lock Lease is the live record.
+pub const STATUS_SETTLE: Duration = Duration::from_secs(1);
 
 /// How far above the token status records the tokens granted while status waits may run
-/// (tokens follow the wall clock in ms: ten seconds of it, forty times the settle).
+/// (tokens follow the wall clock in ms: ten seconds of it, ten times the settle).
 pub const TRAILING_TOKENS: i64 = 10_000;
 
 /// The token recovery assumes may have been issued, given the status last written (which
@@ -49,7 +52,7 @@ pub fn hold_back(
     lease_duration: Duration,
     since_written: Option<Duration>,
 ) -> Option<Duration> {
-    let remaining = remaining(QUEUE_SETTLE, since_written)?;
+    let remaining = remaining(STATUS_SETTLE, since_written)?;
     let waiting = previous.queue_length > 0 && desired.queue_length > 0;
     (waiting && routine(previous, desired, done) && covered(previous, desired, done, lease_duration))
         .then_some(remaining)
@@ -59,9 +62,6 @@ pub fn hold_back(
 /// on a contended lock: the same conditions (their messages name the holder), generation
 /// and force-release record, and no revocation.
 fn routine(previous: &DistributedLockStatus, desired: &DistributedLockStatus, done: &Outcome) -> bool {
-    let kinds = |s: &DistributedLockStatus| {
-        s.conditions.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone())).collect::<Vec<_>>()
-    };
     done.revoked.is_empty()
         && done.forced.is_none()
         && done.history.is_empty()
@@ -69,7 +69,16 @@ fn routine(previous: &DistributedLockStatus, desired: &DistributedLockStatus, do
         && desired.last_force_release == previous.last_force_release
         && desired.force_release_approvals == previous.force_release_approvals
         && desired.force_release_history == previous.force_release_history
-        && kinds(desired) == kinds(previous)
+        && same_conditions(desired, previous)
+}
+
+/// Whether `a` and `b` have the same conditions, in order, by type, status and reason.
+fn same_conditions(a: &DistributedLockStatus, b: &DistributedLockStatus) -> bool {
+    a.conditions.len() == b.conditions.len()
+        && a.conditions
+            .iter()
+            .zip(&b.conditions)
+            .all(|(x, y)| x.type_ == y.type_ && x.status == y.status && x.reason == y.reason)
 }
 
 /// Whether recovery from `previous` is still safe for every hold granted since (`done`,
@@ -268,7 +277,7 @@ mod tests {
                 &none,
                 LEASE,
                 Some(100 * MS),
-                Some(150 * MS),
+                Some(STATUS_SETTLE - 100 * MS),
             ),
             (
                 "a waiter leaves a waiting queue",
@@ -277,9 +286,17 @@ mod tests {
                 &none,
                 LEASE,
                 Some(Duration::ZERO),
-                Some(QUEUE_SETTLE),
+                Some(STATUS_SETTLE),
             ),
-            ("the queue reorders", &before, status("a", 5, &["c", "b"]), &none, LEASE, Some(249 * MS), Some(MS)),
+            (
+                "the queue reorders",
+                &before,
+                status("a", 5, &["c", "b"]),
+                &none,
+                LEASE,
+                Some(STATUS_SETTLE - MS),
+                Some(MS),
+            ),
             (
                 "a new holder on the slot status shows held",
                 &before,
@@ -287,7 +304,7 @@ mod tests {
                 &handed,
                 LEASE,
                 Some(10 * MS),
-                Some(240 * MS),
+                Some(STATUS_SETTLE - 10 * MS),
             ),
             (
                 "the same holder, a new token",
@@ -296,7 +313,7 @@ mod tests {
                 &handed,
                 LEASE,
                 Some(10 * MS),
-                Some(240 * MS),
+                Some(STATUS_SETTLE - 10 * MS),
             ),
             (
                 "a grant counted, its condition's message changed",
@@ -305,7 +322,7 @@ mod tests {
                 &handed,
                 LEASE,
                 Some(10 * MS),
-                Some(240 * MS),
+                Some(STATUS_SETTLE - 10 * MS),
             ),
             (
                 "a token at the margin",
@@ -314,7 +331,7 @@ mod tests {
                 &at_margin,
                 LEASE,
                 Some(10 * MS),
-                Some(240 * MS),
+                Some(STATUS_SETTLE - 10 * MS),
             ),
             (
                 "a shorter lease duration than the holder status names",
@@ -323,9 +340,9 @@ mod tests {
                 &handed,
                 LEASE / 3,
                 Some(10 * MS),
-                Some(240 * MS),
+                Some(STATUS_SETTLE - 10 * MS),
             ),
-            ("the settle has passed", &before, status("b", 6, &["c"]), &handed, LEASE, Some(QUEUE_SETTLE), None),
+            ("the settle has passed", &before, status("b", 6, &["c"]), &handed, LEASE, Some(STATUS_SETTLE), None),
             ("the last write is unknown", &before, status("a", 5, &["b", "c", "d"]), &none, LEASE, None, None),
             ("the queue empties", &before, status("b", 6, &[]), &handed, LEASE, Some(10 * MS), None),
             ("a token past the margin", &before, status("b", past_margin, &["c"]), &beyond, LEASE, Some(10 * MS), None),
@@ -418,12 +435,12 @@ mod tests {
                 Some(10 * MS),
                 true,
                 &none,
-                Wait(QUEUE_SETTLE - 10 * MS),
+                Wait(STATUS_SETTLE - 10 * MS),
             ),
             ("the queue changed, and a revocation to record", &joined, Some(10 * MS), true, &revoked, Apply),
-            ("the queue alone changed after the settle", &joined, Some(QUEUE_SETTLE), true, &none, Apply),
-            ("a new holder within the settle", &granted_b, Some(10 * MS), true, &handed, Wait(QUEUE_SETTLE - 10 * MS)),
-            ("a new holder after the settle", &granted_b, Some(QUEUE_SETTLE), false, &handed, Apply),
+            ("the queue alone changed after the settle", &joined, Some(STATUS_SETTLE), true, &none, Apply),
+            ("a new holder within the settle", &granted_b, Some(10 * MS), true, &handed, Wait(STATUS_SETTLE - 10 * MS)),
+            ("a new holder after the settle", &granted_b, Some(STATUS_SETTLE), false, &handed, Apply),
         ];
         for (case, desired, since, shown, done, want) in table {
             assert_eq!(status_write(&written, desired, since, shown, done, LEASE), want, "{case}");
