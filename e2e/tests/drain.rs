@@ -28,7 +28,8 @@ use crate::support::watch::{GrantLog, until, until_gone};
 const LOCK: &str = "orders";
 const WAIT: Duration = Duration::from_secs(30);
 
-fn timing(lease: i32, renew: i32, retry: i32) -> DistributedLockSpec {
+/// A lock spec with this timing, in seconds.
+pub(crate) fn timing(lease: i32, renew: i32, retry: i32) -> DistributedLockSpec {
     DistributedLockSpec {
         lease_duration_seconds: lease,
         renew_deadline_seconds: renew,

@@ -20,5 +20,6 @@ mod sidecar_api;
 mod sidecar_hold;
 mod sidecar_owner;
 mod sidecar_run;
+mod terms;
 
 use leasehold_e2e_support as support;

@@ -33,7 +33,9 @@ pub use react::{Ours, Reaction, Unanswered};
 pub use watch::{LeaseWatches, SlotWatches, lease_states};
 
 use crate::crd::{ClaimMode, DistributedLock, LockClaim};
-use crate::lease::{CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, retry, slot};
+use crate::lease::{
+    CasError, CasStore, GrantedTiming, Identity, LeaseStore, Precondition, Timing, granted, retry, slot,
+};
 use crate::metrics::ClientMetrics;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -145,6 +147,9 @@ pub struct Claimant {
     claim_store: CasStore<LockClaim>,
     /// DistributedLocks, read for their terms.
     locks: CasStore<DistributedLock>,
+    /// Per lock, the terms its spec gave when last read or last recorded on our grant: an
+    /// acquisition starts from them rather than read the lock again (see `acquire_in`).
+    known_terms: Arc<Mutex<HashMap<String, GrantedTiming>>>,
     pub(crate) identity: Identity,
     pub(crate) metrics: Arc<ClientMetrics>,
     /// Per lock, the tokens of the holds this claimant has had.
@@ -166,6 +171,7 @@ impl Claimant {
             claim_store: CasStore::new(client.clone(), namespace, manager),
             watches: LeaseWatches::new(kube::Api::namespaced(client.clone(), namespace)),
             locks: CasStore::new(client, namespace, manager),
+            known_terms: Arc::default(),
             identity,
             metrics: ClientMetrics::unregistered(),
             retired: Arc::default(),
@@ -200,7 +206,11 @@ impl Claimant {
     pub async fn terms(&self, lock: &str) -> Result<GrantedTiming, AcquireError> {
         let (namespace, name) = (self.namespace().to_owned(), lock.to_owned());
         match self.locks.get(lock).await {
-            Ok(Some(dl)) => Ok(GrantedTiming::of_spec(&dl.spec)),
+            Ok(Some(dl)) => {
+                let terms = GrantedTiming::of_spec(&dl.spec);
+                self.remember_terms(lock, terms);
+                Ok(terms)
+            }
             Ok(None) => Err(AcquireError::UnknownLock { namespace, lock: name }),
             Err(e @ CasError::Forbidden { .. }) => {
                 Err(AcquireError::Forbidden { namespace, lock: name, message: e.to_string() })
@@ -209,6 +219,15 @@ impl Claimant {
             Err(CasError::Api { source, .. }) => Err(AcquireError::ReadLock { namespace, lock: name, source }),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The terms last read from `lock`'s spec or recorded on our last grant of it.
+    fn known_terms(&self, lock: &str) -> Option<GrantedTiming> {
+        self.known_terms.lock().expect("known terms are never poisoned").get(lock).copied()
+    }
+
+    fn remember_terms(&self, lock: &str, terms: GrantedTiming) {
+        self.known_terms.lock().expect("known terms are never poisoned").insert(lock.to_owned(), terms);
     }
 
     /// Claims `lock`, waits up to `wait` for the grant and confirms it. Dropping the
@@ -237,10 +256,23 @@ impl Claimant {
         // Every try of the first claim carries this request time: a try that got no answer
         // but landed is known for ours by it.
         let asked = (Timestamp::now(), Instant::now());
+        // The lock's terms as an earlier acquisition learned them, if any: reading them
+        // again costs the apiserver a read per acquisition (a fifth of a grant's cost on a
+        // contended lock). They decide nothing about a hold whose Lease records its own
+        // terms, which every grant does; they only pace the claim's refreshes. Before a
+        // Lease that does not record them is judged, or a missing lock Lease is waited
+        // for (the lock may be gone), the lock is read afresh (below).
+        let known = self.known_terms(lock);
+        let mut fresh = known.is_none();
         let setup = {
             let setup = async {
                 tokio::join!(
-                    self.retrying(lock, deadline, || self.terms(lock)),
+                    async {
+                        match known {
+                            Some(terms) => Ok(terms),
+                            None => self.retrying(lock, deadline, || self.terms(lock)).await,
+                        }
+                    },
                     self.retrying(lock, deadline, || self.claim_anew(lock, mode, asked))
                 )
             };
@@ -261,7 +293,7 @@ impl Claimant {
             self.withdraw(lock, ticket).await;
             return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
         };
-        let terms = match timing {
+        let mut terms = match timing {
             Ok(t) => t,
             Err(e) => {
                 guard.armed = false;
@@ -272,12 +304,12 @@ impl Claimant {
             }
         };
         claimed?;
-        let timing = terms.timing;
+        let mut timing = terms.timing;
         // Besides the watches, the slot Leases are read at every claim refresh: a watch
         // whose connection died without a word (a restarted apiserver behind a proxy, a
         // dropped network path) would otherwise hide our grant until its server-side
         // timeout.
-        let refresh = claim_refresh(&timing);
+        let mut refresh = claim_refresh(&timing);
         // The first claim was made before the timing was known: refresh it (with its real
         // lifetime) before its provisional one can run out.
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
@@ -328,6 +360,18 @@ impl Claimant {
             };
             if let (0, Some(lease)) = (slot, &state) {
                 watches.watch_up_to(edit::permits(lease));
+            }
+            if must_read_terms(fresh, slot, state.as_ref()) {
+                match self.retrying(lock, deadline, || self.terms(lock)).await {
+                    Ok(read) => {
+                        (terms, timing, refresh, fresh) = (read, read.timing, claim_refresh(&read.timing), true)
+                    }
+                    Err(e) => {
+                        guard.armed = false;
+                        self.withdraw(lock, ticket).await;
+                        return Err(e);
+                    }
+                }
             }
             let first = *first_seen
                 .entry(slot)
@@ -451,6 +495,9 @@ impl Claimant {
     ) -> Hold {
         guard.armed = false;
         self.metrics.acquire_seconds.observe(started.elapsed().as_secs_f64());
+        if granted::recorded(&granted.lease) {
+            self.remember_terms(lock, granted::of_lease(&granted.lease, &terms));
+        }
         let (slot, token) = (granted.slot, granted.token);
         info!(namespace = %self.namespace(), lock, slot, token, identity = %self.identity, "acquired");
         let later = polls.filter_map(move |(s, state)| futures::future::ready((s == slot).then_some(state)));
@@ -686,6 +733,20 @@ fn claim_refresh(timing: &Timing) -> Duration {
     claim_ttl(timing) / 3
 }
 
+/// Whether an acquisition that started from remembered terms (`fresh` false: not read
+/// from the lock since) must read the lock before it goes on with `state`, slot `slot`'s
+/// Lease: a Lease that does not record its hold's terms is judged by the lock's terms,
+/// which must be the spec's as it is now; and a missing lock Lease (slot 0's) may mean the
+/// lock is gone, which the caller is told at once rather than after its wait. Another
+/// slot's Lease may just not be made yet.
+fn must_read_terms(fresh: bool, slot: u32, state: Option<&Lease>) -> bool {
+    !fresh
+        && match state {
+            Some(lease) => !granted::recorded(lease),
+            None => slot == 0,
+        }
+}
+
 /// What an acquisition keeps between refreshes of its claim.
 struct Refreshing {
     /// The claim as our last write of it returned.
@@ -717,6 +778,30 @@ impl Drop for Withdraw {
 mod tests {
     use super::*;
     use kube::core::Status;
+
+    #[test]
+    fn remembered_terms_are_read_again_before_an_unrecorded_lease_or_a_missing_lock_lease() {
+        let recorded = {
+            let mut lease = Lease::default();
+            granted::record(&mut lease, &GrantedTiming::of_spec(&crate::crd::DistributedLockSpec::default()));
+            lease
+        };
+        let unrecorded = Lease::default();
+        // (case, fresh, slot, state, read the lock first)
+        let table = [
+            ("remembered, a Lease recording its terms", false, 0, Some(&recorded), false),
+            ("remembered, another slot's Lease recording its terms", false, 2, Some(&recorded), false),
+            ("remembered, a Lease without its terms", false, 0, Some(&unrecorded), true),
+            ("remembered, another slot's Lease without its terms", false, 1, Some(&unrecorded), true),
+            ("remembered, no lock Lease", false, 0, None, true),
+            ("remembered, another slot's Lease not made yet", false, 1, None, false),
+            ("read, a Lease without its terms", true, 0, Some(&unrecorded), false),
+            ("read, no lock Lease", true, 0, None, false),
+        ];
+        for (case, fresh, slot, state, expected) in table {
+            assert_eq!(must_read_terms(fresh, slot, state), expected, "{case}");
+        }
+    }
 
     fn api(code: u16) -> kube::Error {
         kube::Error::Api(Status::failure("refused", "Reason").with_code(code).boxed())

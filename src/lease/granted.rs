@@ -80,6 +80,19 @@ pub fn of_lease(lease: &Lease, fallback: &GrantedTiming) -> GrantedTiming {
     }
 }
 
+/// Whether `lease` records every term of its hold, so that [`of_lease`] reads nothing from
+/// its fallback: the lease duration, renew deadline and retry period readable, and the max
+/// hold readable or absent (unbounded).
+pub fn recorded(lease: &Lease) -> bool {
+    let annotations = lease.annotations();
+    let readable = |key: &str| annotations.get(key).and_then(|v| seconds(v)).is_some();
+    let duration = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds).is_some_and(|s| s > 0);
+    duration
+        && readable(ANNOTATION_RENEW_DEADLINE)
+        && readable(ANNOTATION_RETRY_PERIOD)
+        && (!annotations.contains_key(ANNOTATION_MAX_HOLD) || readable(ANNOTATION_MAX_HOLD))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +135,44 @@ mod tests {
         lease.annotations_mut().insert(ANNOTATION_MAX_HOLD.into(), "0".into());
         let read = of_lease(&lease, &terms(9, 8, 3, Some(5)));
         assert_eq!((read.timing.renew_deadline, read.timing.retry_period, read.max_hold), (10 * S, 3 * S, Some(5 * S)));
+    }
+
+    #[test]
+    fn a_lease_records_its_terms_only_when_none_falls_back_to_the_spec() {
+        let full = {
+            let mut lease = Lease::default();
+            record(&mut lease, &terms(15, 10, 2, Some(60)));
+            lease
+        };
+        let edited = |f: &dyn Fn(&mut Lease)| {
+            let mut lease = full.clone();
+            f(&mut lease);
+            lease
+        };
+        let unbounded = {
+            let mut lease = Lease::default();
+            record(&mut lease, &terms(15, 10, 2, None));
+            lease
+        };
+        let table = [
+            ("every term recorded", full.clone(), true),
+            ("no max hold: unbounded", unbounded, true),
+            ("no lease duration", edited(&|l| l.spec = None), false),
+            ("a zero lease duration", edited(&|l| l.spec.as_mut().unwrap().lease_duration_seconds = Some(0)), false),
+            ("no renew deadline", edited(&|l| drop(l.annotations_mut().remove(ANNOTATION_RENEW_DEADLINE))), false),
+            ("no retry period", edited(&|l| drop(l.annotations_mut().remove(ANNOTATION_RETRY_PERIOD))), false),
+            (
+                "an unreadable max hold",
+                edited(&|l| drop(l.annotations_mut().insert(ANNOTATION_MAX_HOLD.into(), "soon".into()))),
+                false,
+            ),
+            ("nothing recorded", Lease::default(), false),
+        ];
+        let (a, b) = (terms(9, 8, 3, Some(5)), terms(30, 20, 4, None));
+        for (case, lease, expected) in table {
+            assert_eq!(recorded(&lease), expected, "{case}");
+            // Recorded: what is read back does not depend on the fallback; not: it does.
+            assert_eq!(of_lease(&lease, &a) == of_lease(&lease, &b), expected, "{case}");
+        }
     }
 }
