@@ -92,13 +92,10 @@ pub async fn global(world: &Arc<World>, kind: &'static str) -> Fault {
         }
         "apiserver-restart" => {
             let cp = world.env.cp;
-            tokio::task::spawn_blocking(move || {
-                cp.stop_apiserver();
-                cp.start_apiserver()
-            })
-            .await
-            .expect("join")
-            .expect("restart the apiserver");
+            tokio::task::spawn_blocking(move || cp.restart_apiserver())
+                .await
+                .expect("join")
+                .expect("restart the apiserver");
         }
         "etcd-restart" => {
             let cp = world.env.cp;

@@ -14,6 +14,7 @@ mod drain;
 mod examples;
 mod lease;
 mod metrics;
+mod relist;
 mod semaphore;
 mod sidecar;
 mod sidecar_api;

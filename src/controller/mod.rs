@@ -36,6 +36,7 @@ pub mod rbac;
 pub mod reconcile;
 pub mod record;
 pub mod recreate;
+pub mod relist;
 pub mod requests;
 pub mod runner;
 pub mod serve;
@@ -198,9 +199,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .backoff(crate::lease::watch_backoff())
         .modify(trim::forget_field_managers)
         .reflect(lease_writer)
-        .inspect(synced.marker("leases"))
-        .touched_objects()
-        .filter_map(objects);
+        .inspect(synced.marker("leases"));
     let (claims, claim_writer) = reflector::store::<LockClaim>();
     let claim_index = Arc::new(Mutex::new(ClaimIndex::default()));
     let claim_stream = watcher(scoped::<LockClaim>(&client, ns), watcher::Config::default())
@@ -210,9 +209,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // After the cache, before the reconcile the event triggers: that reconcile finds
         // the claim through the index.
         .inspect(ClaimIndex::follower(claim_index.clone()))
-        .inspect(synced.marker("lockclaims"))
-        .touched_objects()
-        .filter_map(objects);
+        .inspect(synced.marker("lockclaims"));
     let (rbac_tx, rbac_rx) = tokio::sync::mpsc::unbounded_channel();
     let (pods, pod_writer) = reflector::store();
     let pod_stream = watcher(scoped::<PartialObjectMeta<Pod>>(&client, ns), watcher::Config::default())
@@ -220,17 +217,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .modify(trim::forget_unread)
         .reflect(pod_writer)
         .inspect(synced.marker("pods"))
-        .inspect(rbac::on_pod_event(rbac_tx.clone()))
-        .touched_objects()
-        .filter_map(objects);
+        .inspect(rbac::on_pod_event(rbac_tx.clone()));
     let (requests, request_writer) = reflector::store::<ForceReleaseRequest>();
     let request_stream = watcher(scoped::<ForceReleaseRequest>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
         .modify(trim::forget_unread)
         .reflect(request_writer)
-        .inspect(synced.marker("forcereleaserequests"))
-        .touched_objects()
-        .filter_map(objects);
+        .inspect(synced.marker("forcereleaserequests"));
     let (locks, lock_writer) = reflector::store();
     let lock_stream = watcher(scoped::<DistributedLock>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
@@ -239,9 +232,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .modify(trim::forget_unread)
         .reflect(lock_writer)
         .inspect(synced.marker("distributedlocks"))
-        .inspect(rbac::on_lock_event(rbac_tx))
-        .applied_objects()
-        .filter_map(objects);
+        .inspect(rbac::on_lock_event(rbac_tx));
     registry.register_collector(Box::new(oldest_hold::OldestHold { locks: locks.clone() }));
 
     let reporter = Reporter { controller: crate::crd::MANAGER_CONTROLLER.into(), instance: Some(identity.clone()) };
@@ -295,31 +286,30 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
 
     let holders = ctx.holders.clone();
+    // Each watch names the locks its events concern once its cache shows them
+    // ([`relist`]); a lock's own deletion names it too, and finds it gone.
     let triggers = futures::stream::select_all([
-        lock_stream.map(|lock| vec![LockKey::of(&lock)]).boxed(),
-        lease_stream
-            .map(|lease: Lease| {
-                let ns = lease.namespace().unwrap_or_default();
-                lease.labels().get(LABEL_LOCK).map(|lock| LockKey::new(ns, lock)).into_iter().collect()
-            })
-            .boxed(),
-        claim_stream
-            .map(|claim: LockClaim| vec![LockKey::new(claim.namespace().unwrap_or_default(), claim.spec.lock)])
-            .boxed(),
-        request_stream
-            .map(|request: ForceReleaseRequest| {
-                vec![LockKey::new(request.namespace().unwrap_or_default(), request.spec.lock)]
-            })
-            .boxed(),
-        pod_stream
-            .map(move |pod: PartialObjectMeta<Pod>| {
-                let ns = pod.namespace().unwrap_or_default();
-                let locks = holders.lock().expect("holder index is never poisoned").locks_of(&ns, &pod.name_any());
-                locks.into_iter().map(|lock| LockKey::new(ns.clone(), lock)).collect()
-            })
-            .boxed(),
-    ])
-    .flat_map(futures::stream::iter);
+        relist::due_locks(lock_stream, locks.clone(), |lock: &DistributedLock| vec![LockKey::of(lock)]).boxed(),
+        relist::due_locks(lease_stream, leases.clone(), |lease: &Lease| {
+            let ns = lease.namespace().unwrap_or_default();
+            lease.labels().get(LABEL_LOCK).map(|lock| LockKey::new(ns, lock)).into_iter().collect()
+        })
+        .boxed(),
+        relist::due_locks(claim_stream, claims.clone(), |claim: &LockClaim| {
+            vec![LockKey::new(claim.namespace().unwrap_or_default(), claim.spec.lock.clone())]
+        })
+        .boxed(),
+        relist::due_locks(request_stream, requests.clone(), |request: &ForceReleaseRequest| {
+            vec![LockKey::new(request.namespace().unwrap_or_default(), request.spec.lock.clone())]
+        })
+        .boxed(),
+        relist::due_locks(pod_stream, pods.clone(), move |pod: &PartialObjectMeta<Pod>| {
+            let ns = pod.namespace().unwrap_or_default();
+            let locks = holders.lock().expect("holder index is never poisoned").locks_of(&ns, &pod.name_any());
+            locks.into_iter().map(|lock| LockKey::new(ns.clone(), lock)).collect()
+        })
+        .boxed(),
+    ]);
     let regained = futures::stream::unfold(leadership.regains(), |mut regains| async move {
         regains.changed().await.ok()?;
         Some(((), regains))
@@ -377,13 +367,4 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     });
 
     crate::supervise::supervise(tasks, shutdown).await
-}
-
-/// The objects of a watch, its errors left out: each watch retries with its own short
-/// backoff and reports failures to [`caches::Synced`], so an error names no lock to
-/// reconcile. Nothing may back off the trigger streams as a whole: they are what keeps
-/// every cache current (after an apiserver restart, a stream paused for tens of seconds
-/// left the Lease cache missing every new claim).
-fn objects<K>(item: Result<K, watcher::Error>) -> futures::future::Ready<Option<K>> {
-    futures::future::ready(item.ok())
 }

@@ -243,6 +243,13 @@ impl ControlPlane {
         })
     }
 
+    /// Kills kube-apiserver and starts it again ([`Self::stop_apiserver`], then
+    /// [`Self::start_apiserver`]). Blocks the calling thread.
+    pub fn restart_apiserver(&self) -> anyhow::Result<()> {
+        self.stop_apiserver();
+        self.start_apiserver()
+    }
+
     /// Kills etcd (SIGKILL) and waits until it is gone. Its data directory is kept. As
     /// with [`Self::stop_apiserver`], use a separate instance.
     pub fn stop_etcd(&self) {
