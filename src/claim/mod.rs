@@ -288,12 +288,12 @@ impl Claimant {
         };
         // Out of time during setup: withdraw only now that the setup is dropped — a claim
         // write under way holds the claim book's gate, which the withdrawal waits for.
-        let Some((timing, claimed)) = setup else {
+        let Some((read, claimed)) = setup else {
             guard.armed = false;
             self.withdraw(lock, ticket).await;
             return Err(AcquireError::Timeout { namespace: self.namespace().into(), lock: lock.into(), waited: wait });
         };
-        let mut terms = match timing {
+        let mut terms = match read {
             Ok(t) => t,
             Err(e) => {
                 guard.armed = false;
@@ -304,12 +304,11 @@ impl Claimant {
             }
         };
         claimed?;
-        let mut timing = terms.timing;
         // Besides the watches, the slot Leases are read at every claim refresh: a watch
         // whose connection died without a word (a restarted apiserver behind a proxy, a
         // dropped network path) would otherwise hide our grant until its server-side
         // timeout.
-        let mut refresh = claim_refresh(&timing);
+        let refresh = claim_refresh(&terms.timing);
         // The first claim was made before the timing was known: refresh it (with its real
         // lifetime) before its provisional one can run out.
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
@@ -343,7 +342,7 @@ impl Claimant {
                 }
                 _ = tokio::time::sleep_until(next_refresh) => {
                     let kept;
-                    (next_refresh, kept) = self.keep_claim(lock, &timing, mode, refresh, &mut refreshing).await?;
+                    (next_refresh, kept) = self.keep_claim(lock, &terms.timing, mode, &mut refreshing).await?;
                     // An apiserver that turned the refresh away would turn the reads away too.
                     if !kept {
                         continue;
@@ -363,9 +362,7 @@ impl Claimant {
             }
             if must_read_terms(fresh, slot, state.as_ref()) {
                 match self.retrying(lock, deadline, || self.terms(lock)).await {
-                    Ok(read) => {
-                        (terms, timing, refresh, fresh) = (read, read.timing, claim_refresh(&read.timing), true)
-                    }
+                    Ok(read) => (terms, fresh) = (read, true),
                     Err(e) => {
                         guard.armed = false;
                         self.withdraw(lock, ticket).await;
@@ -421,7 +418,7 @@ impl Claimant {
                     // claim again now rather than at the next refresh.
                     if claim_again {
                         missed_grant = false;
-                        (next_refresh, _) = self.keep_claim(lock, &timing, mode, refresh, &mut refreshing).await?;
+                        (next_refresh, _) = self.keep_claim(lock, &terms.timing, mode, &mut refreshing).await?;
                     }
                     continue;
                 }
@@ -521,9 +518,9 @@ impl Claimant {
         lock: &str,
         timing: &Timing,
         mode: ClaimMode,
-        refresh: Duration,
         refreshing: &mut Refreshing,
     ) -> Result<(tokio::time::Instant, bool), AcquireError> {
+        let refresh = claim_refresh(timing);
         match self.ensure_claim(lock, timing, mode, &mut refreshing.last).await {
             Ok(()) => {
                 refreshing.failing = retry::pauses(refresh);
