@@ -428,7 +428,9 @@ pub struct LockClaimSpec {
     /// when it sees this change, on its own clock).
     pub renew_time: MicroTime,
     /// How long the claim lives without a refresh before the controller drops it. The
-    /// controller caps it at `max(3 x leaseDurationSeconds, 30)`.
+    /// controller caps it at three times the wait the claim shows (`renewTime` after
+    /// `requestTime`), but at least `max(3 x leaseDurationSeconds, 30)` and at most
+    /// `max(3 x leaseDurationSeconds, 600)`.
     #[schemars(range(min = 1, max = 3600))]
     pub ttl_seconds: i32,
 }

@@ -3,7 +3,7 @@
 //! validation, quiet status, and a status put back when removed. Revocations that drain
 //! are in `drain.rs`; the lock Lease's ownership and tokens in `lease.rs`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -630,38 +630,4 @@ async fn lock_claims_are_validated_by_the_apiserver() {
             other => panic!("changing spec.{field} was accepted: {other:?}"),
         }
     }
-}
-
-#[tokio::test]
-async fn a_claim_never_refreshed_is_dropped_after_the_capped_ttl_whatever_it_asks() {
-    let env = Env::new("claim-ttl").await;
-    let _controller = env.controller(&["--leader-elect=false"]).await;
-    env.lock(LOCK, fast()).await;
-    let (a, b) = (env.pod("a").await, env.pod("b").await);
-    env.wait_claim_rbac(&a).await;
-    let hold = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a holds");
-
-    // b claims asking to live an hour, and is never heard of again. The controller caps a
-    // claim's life at max(3 x leaseDuration, 30 s): 30 s here.
-    let claims: Api<LockClaim> = Api::namespaced(b.client.clone(), env.name());
-    let claim = edit::lock_claim(LOCK, &b.identity(), 3600, Timestamp::now());
-    let created_at = Instant::now();
-    let created = claims.create(&PostParams::default(), &claim).await.expect("b's claim");
-    until(&env.locks(), LOCK, WAIT, "b waiting", |l: &DistributedLock| {
-        l.status.as_ref().is_some_and(|s| s.queue_length == 1)
-    })
-    .await;
-    crate::support::watch::until_gone(&env.claims(), &created.name_any(), Duration::from_secs(60), "b's claim dropped")
-        .await;
-    assert!(
-        created_at.elapsed() >= Duration::from_secs(30),
-        "dropped after {:?}, before its TTL",
-        created_at.elapsed()
-    );
-    until(&env.locks(), LOCK, WAIT, "nobody waiting", |l: &DistributedLock| {
-        l.status.as_ref().is_some_and(|s| s.queue_length == 0)
-    })
-    .await;
-    assert!(hold.is_held());
-    hold.release().await;
 }

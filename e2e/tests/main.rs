@@ -4,6 +4,7 @@
 
 mod admission;
 mod chart;
+mod claim_life;
 mod cli;
 mod clients;
 mod confirm;

@@ -1,6 +1,8 @@
 //! Pure edits made by a claimant — of its LockClaim and of the lock Lease — and how it
 //! reads a lock Lease.
 
+use std::time::Duration;
+
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -8,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use crate::crd::{
     ANNOTATION_DRAINING, ANNOTATION_REVOKED, ClaimMode, LABEL_LOCK, LABEL_ROLE, LockClaim, LockClaimSpec, ROLE_LOCK,
 };
-use crate::lease::{Identity, token};
+use crate::lease::{Identity, Timing, token};
 
 /// A new LockClaim announcing that `identity` waits for `lock`, living `ttl_seconds`
 /// without refresh. Owned by the claimant's Pod, when there is one, so that it goes away
@@ -47,12 +49,27 @@ pub fn with_mode(mut claim: LockClaim, mode: ClaimMode) -> LockClaim {
     claim
 }
 
-/// The claim refreshed at `now`, living `ttl_seconds` from there.
-pub fn refreshed(claim: &LockClaim, ttl_seconds: i32, now: Timestamp) -> LockClaim {
+/// The claim refreshed at `now`, asking to live what the wait it then shows gives it under
+/// `timing` ([`Timing::claim_lifetime`]): the lifetime the controller lets it live.
+pub fn refreshed(claim: &LockClaim, timing: &Timing, now: Timestamp) -> LockClaim {
     let mut claim = claim.clone();
     claim.spec.renew_time = MicroTime(now);
-    claim.spec.ttl_seconds = ttl_seconds;
+    let lifetime = timing.claim_lifetime(wait_shown(&claim.spec));
+    claim.spec.ttl_seconds = i32::try_from(lifetime.as_secs()).unwrap_or(i32::MAX);
     claim
+}
+
+/// How long a claim asks to live without refresh.
+pub fn lifetime(claim: &LockClaim) -> Duration {
+    Duration::from_secs(u64::try_from(claim.spec.ttl_seconds).unwrap_or(0))
+}
+
+/// The wait a claim shows: its latest refresh after its request, both on its claimant's
+/// clock (none if the refresh is not later). Claimant and controller read a claim's
+/// lifetime from it alike, so a claimant's clock, however far off or stepped, never makes
+/// them disagree.
+pub fn wait_shown(spec: &LockClaimSpec) -> Duration {
+    spec.renew_time.0.duration_since(spec.request_time.0).try_into().unwrap_or(Duration::ZERO)
 }
 
 /// Whether a LockClaim found under our claim's name is ours (and for `lock`): anything
@@ -222,6 +239,15 @@ mod tests {
 
     const UID: &str = "0b8f3a1e-5d2c-4c55-9a57-2f3c1e7b9d10";
 
+    /// A lock's default timing: lease 15 s, renew deadline 10 s, retry 2 s.
+    fn default_timing() -> Timing {
+        Timing {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
     #[test]
     fn a_claim_is_known_for_this_acquisitions_by_its_request_time() {
         let at = |micros: i64, nanos: i32| Timestamp::new(1_800_000_000, micros as i32 * 1000 + nanos).expect("valid");
@@ -233,7 +259,11 @@ mod tests {
         };
         let table = [
             ("the claim as sent", stored(&us, "orders", ClaimMode::Write, at(250, 0)), true),
-            ("refreshed since", refreshed(&stored(&us, "orders", ClaimMode::Write, at(250, 0)), 45, at(900, 0)), true),
+            (
+                "refreshed since",
+                refreshed(&stored(&us, "orders", ClaimMode::Write, at(250, 0)), &default_timing(), at(900, 0)),
+                true,
+            ),
             ("asked a microsecond later", stored(&us, "orders", ClaimMode::Write, at(251, 0)), false),
             ("another claimant", stored(&other, "orders", ClaimMode::Write, at(250, 0)), false),
             ("another lock", stored(&us, "billing", ClaimMode::Write, at(250, 0)), false),
@@ -301,9 +331,13 @@ mod tests {
         assert_eq!((claim.spec.claimant.as_str(), claim.spec.pod.as_deref()), (me.id.as_str(), Some("w-0")));
         assert!(is_our_claim(&claim, "orders", &me));
         assert!(!is_our_claim(&claim, "orders", &Identity::for_pod("w-1", UID)));
-        let later = Timestamp::from_second(10).expect("valid");
-        let fresh = refreshed(&claim, 45, later);
-        assert_eq!((fresh.spec.renew_time.0, fresh.spec.request_time.0, fresh.spec.ttl_seconds), (later, t0, 45));
+        // Lease 15 s: 45 s after a wait of 10 s, three times the wait after one of 20 s.
+        let timing = default_timing();
+        for (at, ttl) in [(10, 45), (20, 60), (-5, 45)] {
+            let later = Timestamp::from_second(at).expect("valid");
+            let fresh = refreshed(&claim, &timing, later);
+            assert_eq!((fresh.spec.renew_time.0, fresh.spec.request_time.0, fresh.spec.ttl_seconds), (later, t0, ttl));
+        }
         let outside = Identity { id: "alice/u-host-1".into(), pod: None };
         let claim = lock_claim("orders", &outside, 30, t0);
         assert!(claim.metadata.owner_references.is_none());

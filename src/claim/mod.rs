@@ -308,7 +308,7 @@ impl Claimant {
         // whose connection died without a word (a restarted apiserver behind a proxy, a
         // dropped network path) would otherwise hide our grant until its server-side
         // timeout.
-        let refresh = claim_refresh(&terms.timing);
+        let refresh = terms.timing.claim_ttl() / 3;
         // The first claim was made before the timing was known: refresh it (with its real
         // lifetime) before its provisional one can run out.
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
@@ -508,11 +508,13 @@ impl Claimant {
         Hold::start(self.clone(), lock, ticket, terms, granted, states)
     }
 
-    /// Refreshes (or re-creates) our claim on `lock`; returns when to do so next, and
-    /// whether it did. A busy or unreachable apiserver costs a refresh, not the
-    /// acquisition: it is tried again after the next of the failing pauses, which grow
-    /// while refreshes keep failing and start again from the first once one succeeds. The
-    /// claim outlives three refresh periods, so a few growing pauses keep its place.
+    /// Refreshes (or re-creates) our claim on `lock` with the lifetime its wait so far
+    /// gives it ([`Timing::claim_lifetime`]); returns when to do so next (a third of that
+    /// lifetime on), and whether it did. A busy or unreachable apiserver
+    /// costs a refresh, not the acquisition: it is tried again after the next of the
+    /// failing pauses, which grow while refreshes keep failing and start again from the
+    /// first once one succeeds. The claim outlives three refresh periods, so a few growing
+    /// pauses keep its place.
     async fn keep_claim(
         &self,
         lock: &str,
@@ -520,13 +522,15 @@ impl Claimant {
         mode: ClaimMode,
         refreshing: &mut Refreshing,
     ) -> Result<(tokio::time::Instant, bool), AcquireError> {
-        let refresh = claim_refresh(timing);
         match self.ensure_claim(lock, timing, mode, &mut refreshing.last).await {
-            Ok(()) => {
+            Ok(lifetime) => {
+                let refresh = lifetime / 3;
                 refreshing.failing = retry::pauses(refresh);
                 Ok((tokio::time::Instant::now() + refresh, true))
             }
             Err(e) if e.is_transient() => {
+                // Not refreshed: the claim lives on by the lifetime last written.
+                let refresh = refreshing.last.as_ref().map_or(timing.claim_ttl(), edit::lifetime) / 3;
                 let pause = refreshing.failing.next().unwrap_or(refresh).min(refresh);
                 info!(lock, error = %e, ?pause, "failed to refresh our claim; trying again");
                 self.metrics.apiserver_retries.inc();
@@ -595,10 +599,11 @@ impl Claimant {
         Err(CasError::AlreadyExists { kind: "lockclaim".into(), namespace: self.namespace().into(), name }.into())
     }
 
-    /// Refreshes our claim on `lock` with its real lifetime (compare-and-swap), or creates
-    /// it again if it is gone (the controller dropped it, or a grant we could not confirm
-    /// took it along) or is not ours (squatted: replaced). `last` is the claim as our last
-    /// write of it returned: replaced without reading it first (a waiting claim is
+    /// Refreshes our claim on `lock` (compare-and-swap) with the lifetime its wait gives it
+    /// under `timing`, or creates it again if it is gone (the controller dropped it, or a
+    /// grant we could not confirm took it along) or is not ours (squatted: replaced), with
+    /// a new claim's lifetime; returns the lifetime it now has. `last` is the claim as our
+    /// last write of it returned: replaced without reading it first (a waiting claim is
     /// refreshed again and again, and with thousands waiting the reads were half of what
     /// they asked of the apiserver); a refusal (it changed, or is gone) reads it again.
     async fn ensure_claim(
@@ -607,9 +612,7 @@ impl Claimant {
         timing: &Timing,
         mode: ClaimMode,
         last: &mut Option<LockClaim>,
-    ) -> Result<(), AcquireError> {
-        let ttl = claim_ttl(timing);
-        let ttl = i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX);
+    ) -> Result<Duration, AcquireError> {
         let name = self.identity.claim_name(lock);
         let _writing = self.claims.write(lock).await;
         // A claim deleted between our create and our refresh (the controller dropping it
@@ -622,6 +625,7 @@ impl Claimant {
             let mut created = None;
             let written = match existing {
                 None => {
+                    let ttl = i32::try_from(timing.claim_ttl().as_secs()).unwrap_or(i32::MAX);
                     let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
                     created = Some(Instant::now());
                     self.claim_store.create(&claim).await
@@ -636,7 +640,7 @@ impl Claimant {
                     continue;
                 }
                 Some(claim) => {
-                    let replaced = self.claim_store.replace(&edit::refreshed(&claim, ttl, Timestamp::now())).await;
+                    let replaced = self.claim_store.replace(&edit::refreshed(&claim, timing, Timestamp::now())).await;
                     // Turned away or unanswered: the claim as we know it is still the one to
                     // replace (if the write landed after all, its resourceVersion refuses the
                     // next one, and the claim is read again).
@@ -652,16 +656,17 @@ impl Claimant {
                         Some(sent) => self.claims.created(lock, claim.metadata.uid.clone(), sent),
                         None => self.claims.set_uid(lock, claim.metadata.uid.clone()),
                     }
+                    let lifetime = edit::lifetime(&claim);
                     *last = Some(claim);
-                    return Ok(());
+                    return Ok(lifetime);
                 }
                 Err(CasError::AlreadyExists { .. } | CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,
                 Err(e) => return Err(self.refused(lock, e)),
             }
         }
-        // Still contended: the next refresh tries again.
+        // Still contended: the next refresh, a new claim's third of a lifetime on, tries again.
         debug!(lock, claim = %name, "claim kept changing under us");
-        Ok(())
+        Ok(timing.claim_ttl())
     }
 
     /// An error of a claim write as an acquisition error: refusals name the lock.
@@ -719,16 +724,6 @@ const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(45);
 
 /// After a confirmation got no answer: how soon to look again.
 const UNANSWERED_PAUSE: Duration = Duration::from_millis(200);
-
-/// How long a waiting claim lives without refresh; the controller drops older ones.
-pub fn claim_ttl(timing: &Timing) -> Duration {
-    timing.claim_ttl()
-}
-
-/// How often a waiting claimant refreshes its claim.
-fn claim_refresh(timing: &Timing) -> Duration {
-    claim_ttl(timing) / 3
-}
 
 /// Whether an acquisition that started from remembered terms (`fresh` false: not read
 /// from the lock since) must read the lock before it goes on with `state`, slot `slot`'s

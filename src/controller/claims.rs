@@ -10,15 +10,14 @@ use super::view::{self, Claim};
 use crate::crd::LockClaim;
 use crate::lease::{CasStore, Precondition, Timing};
 
-/// The well-formed claims on lock `key`, in grant order, their TTLs capped at
-/// [`Timing::claim_ttl`] of the lock's timing.
+/// The well-formed claims on lock `key`, in grant order, their TTLs capped by the lock's
+/// timing ([`view::claim`]).
 pub fn of_lock(ctx: &Context, key: &LockKey, timing: &Timing) -> Vec<Claim> {
-    let cap = timing.claim_ttl();
     let names = ctx.claim_index.lock().expect("claim index is never poisoned").claims_of(key);
     let mut claims: Vec<Claim> = names
         .iter()
         .filter_map(|name| ctx.claims.get(&ObjectRef::new(name).within(&key.namespace)))
-        .filter_map(|c| view::claim(&c, &key.name, cap))
+        .filter_map(|c| view::claim(&c, &key.name, timing))
         .collect();
     super::queue::order(&mut claims);
     claims

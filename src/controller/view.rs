@@ -12,7 +12,7 @@ use crate::claim::edit;
 use crate::crd::{
     ANNOTATION_CLAIM, ANNOTATION_MODE, ANNOTATION_REVOKED, ClaimMode, LABEL_LOCK, LABEL_ROLE, LockClaim, ROLE_LOCK,
 };
-use crate::lease::{Identity, token};
+use crate::lease::{Identity, Timing, token};
 
 /// Whose a Lease with a lock's name is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,11 +185,16 @@ pub struct Claim {
     pub mode: ClaimMode,
 }
 
-/// Reads a LockClaim of `lock`, its TTL capped at `ttl_cap`; `None` if it is not a
+/// Reads a LockClaim of `lock` with the lock's `timing`; `None` if it is not a
 /// well-formed claim on `lock`: its name must be the one its claimant's identity gives
 /// (`<lock>.<pod-uid>`, or `<lock>.u-...` for a claimant outside a Pod) and, for a Pod,
-/// `spec.pod` must name the Pod of the identity. Anything else is never served.
-pub fn claim(object: &LockClaim, lock: &str, ttl_cap: Duration) -> Option<Claim> {
+/// `spec.pod` must name the Pod of the identity. Anything else is never served. Its TTL is
+/// what it asks, capped at the lifetime a claimant asks after the wait the claim shows
+/// (its latest refresh after its request, both on the claimant's own clock:
+/// [`Timing::claim_lifetime`]): a claim refreshed after a long wait may live long, but a
+/// new one never outlives three lease durations (30 s at least) unrefreshed, whatever it
+/// asks.
+pub fn claim(object: &LockClaim, lock: &str, timing: &Timing) -> Option<Claim> {
     let spec = &object.spec;
     if spec.lock != lock {
         return None;
@@ -207,7 +212,8 @@ pub fn claim(object: &LockClaim, lock: &str, ttl_cap: Duration) -> Option<Claim>
     // The claimant's own clock orders claims within the apiserver's second; a clock that
     // is far off must not buy (or cost) more than that second.
     let latest = created.checked_add(jiff::SignedDuration::from_millis(999)).unwrap_or(created);
-    let ttl = Duration::from_secs(u64::try_from(spec.ttl_seconds.max(1)).unwrap_or(1)).min(ttl_cap);
+    let lifetime = timing.claim_lifetime(edit::wait_shown(spec));
+    let ttl = Duration::from_secs(u64::try_from(spec.ttl_seconds.max(1)).unwrap_or(1)).min(lifetime);
     Some(Claim {
         name,
         uid: object.uid()?,
@@ -315,7 +321,7 @@ mod tests {
     fn a_claimants_clock_only_orders_within_the_apiservers_second() {
         let claim_at = |requested: &str| {
             let object = lock_claim("orders.u-h-1", spec("alice/u-h-1", None, requested, 45));
-            claim(&object, "orders", Duration::from_secs(45)).expect("a claim").requested.to_string()
+            claim(&object, "orders", &fast()).expect("a claim").requested.to_string()
         };
         assert_eq!(claim_at("2026-11-30T10:00:05.250000Z"), "2026-11-30T10:00:05.25Z");
         // An hour behind or ahead buys no place beyond its second.
@@ -323,11 +329,41 @@ mod tests {
         assert_eq!(claim_at("2026-11-30T11:00:05.250000Z"), "2026-11-30T10:00:05.999Z");
     }
 
+    /// The fastest timing: lease 3 s, so a new claim lives 30 s at most.
+    fn fast() -> Timing {
+        Timing {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_claim_lives_what_it_asks_up_to_three_times_the_wait_it_shows_between_30_s_and_10_min() {
+        let requested = "2026-11-30T10:00:05.250000Z";
+        // (renewTime, ttlSeconds asked, TTL read)
+        let cases = [
+            ("2026-11-30T10:00:05.250000Z", 3600, 30), // new: the first lifetime
+            ("2026-11-30T10:00:05.250000Z", 20, 20),   // asks less: what it asks
+            ("2026-11-30T10:00:25.250000Z", 3600, 60), // refreshed after 20 s: three times that
+            ("2026-11-30T10:00:25.250000Z", 45, 45),
+            ("2026-11-30T10:02:05.250000Z", 3600, 360),
+            ("2026-11-30T11:00:05.250000Z", 3600, 600), // the cap
+            ("2026-11-30T09:00:05.250000Z", 3600, 30),  // a refresh before its request: no wait
+        ];
+        for (renewed, asked, expected) in cases {
+            let mut spec = spec("alice/u-h-1", None, requested, asked);
+            spec["renewTime"] = serde_json::json!(renewed);
+            let read = claim(&lock_claim("orders.u-h-1", spec), "orders", &fast()).expect("a claim");
+            assert_eq!(read.ttl.as_secs(), expected, "renewed {renewed}, asked {asked}");
+        }
+    }
+
     #[test]
     fn claim_reading_table() {
         let t = "2026-11-30T10:00:05.250000Z";
         let pod_id = format!("w-0_{UID}");
-        let cap = Duration::from_secs(30);
+        let cap = fast();
         // (name, spec, expected TTL if well-formed)
         let cases = [
             (format!("orders.{UID}"), spec(&pod_id, Some("w-0"), t, 20), Some(20)),
@@ -342,9 +378,9 @@ mod tests {
             ("orders.u-h-1".to_owned(), spec("alice/u-h-1", Some("p"), t, 45), None), // pod on a non-pod claimant
         ];
         for (name, spec, expected) in cases {
-            let read = claim(&lock_claim(&name, spec.clone()), "orders", cap);
+            let read = claim(&lock_claim(&name, spec.clone()), "orders", &cap);
             assert_eq!(read.as_ref().map(|c| c.ttl.as_secs()), expected, "{name} {spec}");
-            assert!(claim(&lock_claim(&name, spec), "billing", cap).is_none(), "a claim on another lock");
+            assert!(claim(&lock_claim(&name, spec), "billing", &cap).is_none(), "a claim on another lock");
         }
     }
 

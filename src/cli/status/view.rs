@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::controller::queue;
 use crate::controller::view::{self as lease_view, LeaseState};
 use crate::crd::{ANNOTATION_MODE, ClaimMode, DistributedLock, ForceReleaseRequest, LockClaim, Phase};
-use crate::lease::Identity;
+use crate::lease::{Identity, Timing};
 
 /// How many force-release happenings the text shows (JSON carries all the status keeps).
 const SHOWN_HISTORY: usize = 5;
@@ -279,7 +279,7 @@ pub fn lock_view(o: &Observed) -> LockView {
     // The queue as the controller serves it: well-formed claims on this lock, in claim
     // order, the holders' own claims left out.
     let mut claims: Vec<_> =
-        o.claims.iter().filter_map(|c| lease_view::claim(c, &name, Duration::from_secs(3600))).collect();
+        o.claims.iter().filter_map(|c| lease_view::claim(c, &name, &Timing::of(&o.lock.spec))).collect();
     queue::order(&mut claims);
     let holder_ids: Vec<&str> = holders.iter().map(|h| h.holder.who.identity.as_str()).collect();
     let queue = claims
