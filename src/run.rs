@@ -259,7 +259,8 @@ async fn discover(client: &kube::Client, deadline: tokio::time::Instant) -> anyh
     };
     // What is not an apiserver error got no answer.
     let transient = |e: &anyhow::Error| e.downcast_ref::<kube::Error>().is_none_or(retry::may_pass);
-    retry::within(deadline, attempt, transient, |e, pause| {
+    let busy = |e: &anyhow::Error| e.downcast_ref::<kube::Error>().is_some_and(retry::is_busy);
+    retry::within(deadline, attempt, transient, busy, |e, pause| {
         warn!(error = %e, ?pause, "failed to learn who we are; trying again");
     })
     .await

@@ -114,6 +114,15 @@ impl AcquireError {
         }
     }
 
+    /// Whether the apiserver answered 429: busy, to be asked again after longer pauses.
+    pub fn is_busy(&self) -> bool {
+        match self {
+            AcquireError::ReadLock { source, .. } => retry::is_busy(source),
+            AcquireError::Lease(e) => e.is_busy(),
+            _ => false,
+        }
+    }
+
     /// A short label for metrics and API error codes.
     pub fn category(&self) -> &'static str {
         match self {
@@ -553,7 +562,7 @@ impl Claimant {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, AcquireError>>,
     {
-        retry::within(deadline, attempt, AcquireError::is_transient, |e, pause| {
+        retry::within(deadline, attempt, AcquireError::is_transient, AcquireError::is_busy, |e, pause| {
             info!(lock, error = %e, ?pause, "the apiserver did not answer as it should; trying again");
             self.metrics.apiserver_retries.inc();
         })
@@ -806,33 +815,38 @@ mod tests {
     }
 
     #[test]
-    fn only_a_busy_failing_or_silent_apiserver_is_worth_another_try() {
+    fn only_a_busy_failing_or_silent_apiserver_is_worth_another_try_a_busy_one_after_longer_pauses() {
         let read = |source| AcquireError::ReadLock { namespace: "ns".into(), lock: "db".into(), source };
-        let table: Vec<(&str, AcquireError, bool)> = vec![
-            ("429 on the read", read(api(429)), true),
-            ("503 on the read", read(api(503)), true),
+        // (name, error, worth another try, busy: 429)
+        let table: Vec<(&str, AcquireError, bool, bool)> = vec![
+            ("429 on the read", read(api(429)), true, true),
+            ("503 on the read", read(api(503)), true, false),
             (
                 "no answer to the read",
                 AcquireError::ReadTimeout { namespace: "ns".into(), lock: "db".into(), after: Duration::from_secs(5) },
                 true,
+                false,
             ),
-            ("429 on the claim", lease(api(429)), true),
-            ("500 on the claim", lease(api(500)), true),
-            ("422 on the claim", lease(api(422)), false),
-            ("unknown lock", AcquireError::UnknownLock { namespace: "ns".into(), lock: "db".into() }, false),
+            ("429 on the claim", lease(api(429)), true, true),
+            ("500 on the claim", lease(api(500)), true, false),
+            ("422 on the claim", lease(api(422)), false, false),
+            ("unknown lock", AcquireError::UnknownLock { namespace: "ns".into(), lock: "db".into() }, false, false),
             (
                 "forbidden",
                 AcquireError::Forbidden { namespace: "ns".into(), lock: "db".into(), message: "no".into() },
+                false,
                 false,
             ),
             (
                 "timed out waiting",
                 AcquireError::Timeout { namespace: "ns".into(), lock: "db".into(), waited: Duration::from_secs(1) },
                 false,
+                false,
             ),
         ];
-        for (name, error, transient) in table {
+        for (name, error, transient, busy) in table {
             assert_eq!(error.is_transient(), transient, "{name}: {error}");
+            assert_eq!(error.is_busy(), busy, "{name}: {error}");
         }
     }
 }

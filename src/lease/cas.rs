@@ -129,6 +129,11 @@ impl CasError {
             _ => false,
         }
     }
+
+    /// Whether the apiserver answered 429: busy, to be asked again after longer pauses.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, CasError::Api { source, .. } if super::retry::is_busy(source))
+    }
 }
 
 /// The HTTP status of an apiserver error, if it is one.

@@ -13,6 +13,11 @@ pub const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between tries before jitter: an apiserver back after a restart is
 /// used within twice it.
 pub const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// The longest pause between tries before jitter while the apiserver answers 429: it is
+/// shedding load, and thousands of claimants it turned away together, each back within
+/// [`MAX_PAUSE`], kept it busy turning them away. Reached only after five refusals in a
+/// row (3 s of them at least).
+pub const BUSY_MAX_PAUSE: Duration = Duration::from_secs(15);
 
 /// Whether a request that failed with `error` may succeed if sent again: it got no HTTP
 /// status (no answer, a broken connection), or 429 (busy) or a 5xx (failing). A write that
@@ -22,27 +27,39 @@ pub fn may_pass(error: &kube::Error) -> bool {
     status_code(error).is_none_or(|c| c == 429 || c >= 500)
 }
 
+/// Whether an apiserver error is 429: the apiserver is busy (priority and fairness turned
+/// the request away, or its storage is not ready yet).
+pub fn is_busy(error: &kube::Error) -> bool {
+    status_code(error) == Some(429)
+}
+
 /// Runs `attempt` until it succeeds, fails with an error `transient` says will not pass,
 /// or the next try would start at or past `deadline`; the last error is returned.
 /// `retrying` is told of each error that will be tried again, with the pause before it.
 ///
-/// Each pause is its nominal length (doubling from [`FIRST_PAUSE`] up to [`MAX_PAUSE`])
-/// plus a random part of up to as much again: callers that failed together — thousands of
+/// Each pause is its nominal length (doubling from [`FIRST_PAUSE`] up to [`MAX_PAUSE`], or
+/// up to [`BUSY_MAX_PAUSE`] for the errors `busy` says are the apiserver's 429s) plus a
+/// random part of up to as much again: callers that failed together — thousands of
 /// claimants of one overloaded apiserver — do not all try again at the same instant.
 pub async fn within<T, E, Fut>(
     deadline: tokio::time::Instant,
     attempt: impl FnMut() -> Fut,
     transient: impl FnMut(&E) -> bool,
+    busy: impl Fn(&E) -> bool,
     retrying: impl FnMut(&E, Duration),
 ) -> Result<T, E>
 where
     Fut: Future<Output = Result<T, E>>,
 {
+    let mut busy_pauses = pauses(BUSY_MAX_PAUSE);
     attempt
         .retry(growing(MAX_PAUSE))
         .sleep(tokio::time::sleep)
         .when(transient)
-        .adjust(move |_, pause| pause.filter(|p| tokio::time::Instant::now() + *p < deadline))
+        .adjust(move |e, pause| {
+            let pause = if busy(e) { busy_pauses.next() } else { pause };
+            pause.filter(|p| tokio::time::Instant::now() + *p < deadline)
+        })
         .notify(retrying)
         .await
 }
@@ -101,6 +118,16 @@ mod tests {
     /// Outcome of a run of `within` whose attempt fails `fails` times (transiently or
     /// not), then succeeds: the result, the tries made, the pauses told of.
     async fn run(fails: u32, transient: bool, wait: Duration) -> (Result<u32, String>, u32, Vec<Duration>) {
+        run_busy(fails, transient, false, wait).await
+    }
+
+    /// As [`run`], every failure a 429 if `busy`.
+    async fn run_busy(
+        fails: u32,
+        transient: bool,
+        busy: bool,
+        wait: Duration,
+    ) -> (Result<u32, String>, u32, Vec<Duration>) {
         let tries = AtomicU32::new(0);
         let mut pauses = Vec::new();
         let deadline = tokio::time::Instant::now() + wait;
@@ -111,6 +138,7 @@ mod tests {
                 if n <= fails { Err(format!("failure {n}")) } else { Ok(n) }
             },
             |_: &String| transient,
+            |_: &String| busy,
             |_, pause| pauses.push(pause),
         )
         .await;
@@ -150,6 +178,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_apiserver_is_asked_again_after_pauses_that_grow_to_15_s() {
+        let ms = Duration::from_millis;
+        let (result, tries, told) = run_busy(10, true, true, Duration::from_secs(600)).await;
+        assert_eq!((result, tries), (Ok(11), 11));
+        let nominal = [100u64, 200, 400, 800, 1600, 3200, 6400, 12_800, 15_000, 15_000];
+        assert_eq!(told.len(), nominal.len());
+        for (n, (pause, at_least)) in told.iter().zip(nominal).enumerate() {
+            assert!(*pause >= ms(at_least) && *pause <= ms(2 * at_least), "pause {n} was {pause:?}");
+        }
+        assert!(is_busy(&api_error(429)) && !is_busy(&api_error(503)) && !is_busy(&api_error(404)));
     }
 
     #[tokio::test(start_paused = true)]
