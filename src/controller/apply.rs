@@ -194,6 +194,12 @@ async fn apply_status(
         }
         // What was done stays pending: the write that lands counts it.
         StatusWrite::Wait(wait) => return Ok(Some(wait)),
+        // Over the budget, it waits a settle at a time, until it may wait no longer.
+        StatusWrite::Budgeted(up_to) => {
+            if ctx.status_budget.check().is_err() {
+                return Ok(Some(up_to.min(coalesce::STATUS_SETTLE)));
+            }
+        }
     }
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let patch = json!({

@@ -254,6 +254,8 @@ pub struct Context {
     pub tokens: Mutex<HashMap<LockKey, i64>>,
     /// Which locks each holder Pod holds, so a Pod event finds its locks.
     pub holders: Arc<Mutex<HolderIndex>>,
+    /// The budget of routine status writes across every lock, past their settle.
+    pub status_budget: governor::DefaultDirectRateLimiter,
     /// When each lock last had a routine Event (Granted, Released) recorded.
     pub routine_events: Mutex<HashMap<(String, String, String), std::time::Instant>>,
     /// ServiceAccount of each claimant Pod seen (by Pod UID; immutable for a Pod).
