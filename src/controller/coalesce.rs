@@ -32,10 +32,11 @@ use super::recreate;
 use super::status::Outcome;
 use crate::crd::DistributedLockStatus;
 
-/// How long after the lock's last status write a routine change may wait.
-/// A second: on a lock granted many times a second it turns most status applies (the
-/// dearest write) into one per second; status shows a new holder at most this late, and
-/// the lock Lease is the live record.
+/// How long after the lock's last status write a routine change waits before it may be
+/// written. A second: on a lock granted many times a second it turns most status applies
+/// (the dearest write) into one per second; within the budget of routine writes status
+/// shows a new holder at most this late (beyond it, [`STATUS_SETTLE_MAX`]), and the lock
+/// Lease is the live record.
 pub const STATUS_SETTLE: Duration = Duration::from_secs(1);
 
 /// How long after the lock's last status write a routine change waits at most for the
