@@ -5,6 +5,7 @@
 mod admission;
 mod chart;
 mod claim_life;
+mod claim_reads;
 mod cli;
 mod clients;
 mod confirm;

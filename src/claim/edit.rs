@@ -59,9 +59,13 @@ pub fn refreshed(claim: &LockClaim, timing: &Timing, now: Timestamp) -> LockClai
     claim
 }
 
-/// How long a claim asks to live without refresh.
-pub fn lifetime(claim: &LockClaim) -> Duration {
-    Duration::from_secs(u64::try_from(claim.spec.ttl_seconds).unwrap_or(0))
+/// How long the controller lets a claim live without refresh under `timing`: what it asks
+/// (a second at least), but no longer than the lifetime a claimant asks after the wait the
+/// claim shows ([`Timing::claim_lifetime`]). A new claim that asked more than three lease
+/// durations (a first claim, made before its claimant knew the lock's terms) lives that.
+pub fn allowed_lifetime(spec: &LockClaimSpec, timing: &Timing) -> Duration {
+    let asked = Duration::from_secs(u64::try_from(spec.ttl_seconds.max(1)).unwrap_or(1));
+    asked.min(timing.claim_lifetime(wait_shown(spec)))
 }
 
 /// The wait a claim shows: its latest refresh after its request, both on its claimant's
@@ -407,6 +411,29 @@ mod tests {
         let renewed = renewed(&lease, t);
         let renew = renewed.spec.expect("spec").renew_time.expect("set").0;
         assert!(renew > t);
+    }
+
+    #[test]
+    fn a_claim_lives_what_it_asks_but_no_longer_than_three_times_the_wait_it_shows_and_three_lease_durations() {
+        let s = Duration::from_secs;
+        let lease = |secs: u64| Timing { lease_duration: s(secs), renew_deadline: s(secs) * 2 / 3, retry_period: s(1) };
+        let at = |secs: i64| Timestamp::from_second(1_800_000_000 + secs).expect("valid");
+        // (case, lease duration (s), asked (s), wait shown (s), lifetime)
+        let cases = [
+            ("a first claim on a 3 s lease: three lease durations cap it, 30 s at least", 3, 45, 0, s(30)),
+            ("a first claim on a 15 s lease: what it asks", 15, 45, 0, s(45)),
+            ("a first claim on a 30 s lease: what it asks, below three lease durations", 30, 45, 0, s(45)),
+            ("refreshed after a minute: three times the wait", 15, 180, 60, s(180)),
+            ("asking more than its wait gives", 15, 600, 20, s(60)),
+            ("asking nothing: a second", 15, 0, 0, s(1)),
+            ("asking less than nothing: a second", 15, -5, 0, s(1)),
+        ];
+        for (case, lease_secs, asked, waited, expected) in cases {
+            let mut claim = lock_claim("orders", &Identity::for_pod("a", UID), asked, at(0));
+            claim.spec.request_time = MicroTime(at(0));
+            claim.spec.renew_time = MicroTime(at(waited));
+            assert_eq!(allowed_lifetime(&claim.spec, &lease(lease_secs)), expected, "{case}");
+        }
     }
 
     #[test]

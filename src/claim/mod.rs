@@ -15,6 +15,7 @@
 mod book;
 pub mod edit;
 mod hold;
+mod liveness;
 pub mod react;
 mod renewer;
 mod watch;
@@ -273,6 +274,7 @@ impl Claimant {
         // for (the lock may be gone), the lock is read afresh (below).
         let known = self.known_terms(lock);
         let mut fresh = known.is_none();
+        let mut life = liveness::WatchLife::default();
         let setup = {
             let setup = async {
                 tokio::join!(
@@ -290,7 +292,10 @@ impl Claimant {
                 tokio::select! {
                     done = &mut setup => break Some(done),
                     // Kept, in order, for after the setup.
-                    Some(state) = watches.next() => { let _ = polled.unbounded_send(state); }
+                    Some(state) = watches.next() => {
+                        life.shown(state.0);
+                        let _ = polled.unbounded_send(state);
+                    }
                     _ = tokio::time::sleep_until(deadline) => break None,
                 }
             }
@@ -312,16 +317,15 @@ impl Claimant {
                 return Err(e);
             }
         };
-        claimed?;
-        // Besides the watches, the slot Leases are read at every claim refresh: a watch
-        // whose connection died without a word (a restarted apiserver behind a proxy, a
-        // dropped network path) would otherwise hide our grant until its server-side
-        // timeout.
+        // The claim as created: its first refresh replaces it without reading it first.
+        let claimed = claimed?;
+        // Besides the watches, a slot's Lease is read at a claim refresh when its watch
+        // showed no change since the last one (`liveness`).
         let refresh = terms.timing.claim_ttl() / 3;
         // The first claim was made before the timing was known: refresh it (with its real
         // lifetime) before its provisional one can run out.
         let mut next_refresh = tokio::time::Instant::now() + refresh.min(DEFAULT_CLAIM_TTL / 3);
-        let mut refreshing = Refreshing { last: None, failing: retry::pauses(refresh) };
+        let mut refreshing = Refreshing { last: Some(claimed), failing: retry::pauses(refresh) };
         let retired =
             self.retired.lock().expect("retired map is never poisoned").get(lock).copied().unwrap_or_default();
         let mut missed_grant = false;
@@ -356,7 +360,7 @@ impl Claimant {
                     if !kept {
                         continue;
                     }
-                    for slot in 0..watches.watched() {
+                    for slot in (0..watches.watched()).filter(|slot| life.must_read(*slot)) {
                         if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
                             let _ = polled.unbounded_send((slot, Some(lease)));
                         }
@@ -364,7 +368,10 @@ impl Claimant {
                     continue;
                 }
                 Some(state) = polls.next() => state,
-                Some(state) = watches.next() => state,
+                Some(state) = watches.next() => {
+                    life.shown(state.0);
+                    state
+                }
             };
             if let (0, Some(lease)) = (slot, &state) {
                 watches.watch_up_to(edit::permits(lease));
@@ -538,8 +545,9 @@ impl Claimant {
                 Ok((tokio::time::Instant::now() + refresh, true))
             }
             Err(e) if e.is_transient() => {
-                // Not refreshed: the claim lives on by the lifetime last written.
-                let refresh = refreshing.last.as_ref().map_or(timing.claim_ttl(), edit::lifetime) / 3;
+                // Not refreshed: the claim lives on by the lifetime its last write gave it.
+                let lifetime = refreshing.last.as_ref().map(|c| edit::allowed_lifetime(&c.spec, timing));
+                let refresh = lifetime.unwrap_or_else(|| timing.claim_ttl()) / 3;
                 let pause = refreshing.failing.next().unwrap_or(refresh).min(refresh);
                 info!(lock, error = %e, ?pause, "failed to refresh our claim; trying again");
                 self.metrics.apiserver_retries.inc();
@@ -577,7 +585,13 @@ impl Claimant {
     /// A claim this acquisition made by an earlier try, whose answer never came, is ours:
     /// it is kept (replaced, it would cost two writes and its place in the queue). `asked`
     /// is when the acquisition asked (its claims' request time) and sent its first try.
-    async fn claim_anew(&self, lock: &str, mode: ClaimMode, asked: (Timestamp, Instant)) -> Result<(), AcquireError> {
+    /// Returns the claim as the apiserver holds it.
+    async fn claim_anew(
+        &self,
+        lock: &str,
+        mode: ClaimMode,
+        asked: (Timestamp, Instant),
+    ) -> Result<LockClaim, AcquireError> {
         let ttl = i32::try_from(DEFAULT_CLAIM_TTL.as_secs()).unwrap_or(i32::MAX);
         let name = self.identity.claim_name(lock);
         let _writing = self.claims.write(lock).await;
@@ -588,16 +602,16 @@ impl Claimant {
             match self.claim_store.create(&claim).await {
                 Ok(created) => {
                     debug!(lock, claim = %name, "claimed");
-                    self.claims.created(lock, created.metadata.uid, sent);
-                    return Ok(());
+                    self.claims.created(lock, created.metadata.uid.clone(), sent);
+                    return Ok(created);
                 }
                 Err(CasError::AlreadyExists { .. }) => {
                     let existing = self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?;
                     if let Some(ours) = existing.filter(|c| edit::is_claim_of_this_acquisition(c, &claim)) {
                         // Which try landed is not known: the first was sent earliest.
                         info!(lock, claim = %name, "a claim that got no answer had landed: it is ours, kept");
-                        self.claims.created(lock, ours.metadata.uid, asked.1);
-                        return Ok(());
+                        self.claims.created(lock, ours.metadata.uid.clone(), asked.1);
+                        return Ok(ours);
                     }
                     debug!(lock, claim = %name, "replacing a leftover claim");
                     self.claim_store.delete(&name, None).await.map_err(|e| self.refused(lock, e))?;
@@ -612,9 +626,10 @@ impl Claimant {
     /// under `timing`, or creates it again if it is gone (the controller dropped it, or a
     /// grant we could not confirm took it along) or is not ours (squatted: replaced), with
     /// a new claim's lifetime; returns the lifetime it now has. `last` is the claim as our
-    /// last write of it returned: replaced without reading it first (a waiting claim is
-    /// refreshed again and again, and with thousands waiting the reads were half of what
-    /// they asked of the apiserver); a refusal (it changed, or is gone) reads it again.
+    /// last write of it (its create included) returned: replaced without reading it first
+    /// (a waiting claim is refreshed again and again, and with thousands waiting the reads
+    /// were half of what they asked of the apiserver); refused because it changed, it is
+    /// read again; because it is gone, it is created again without a read.
     async fn ensure_claim(
         &self,
         lock: &str,
@@ -626,9 +641,12 @@ impl Claimant {
         let _writing = self.claims.write(lock).await;
         // A claim deleted between our create and our refresh (the controller dropping it
         // as stale) is created again: a claimant that believes it waits must have a claim.
+        // A replace answered "not found" says so without a read.
+        let mut gone = false;
         for _ in 0..3 {
             let existing = match last.take() {
                 Some(claim) => Some(claim),
+                None if gone => None,
                 None => self.claim_store.get(&name).await.map_err(|e| self.refused(lock, e))?,
             };
             let mut created = None;
@@ -665,11 +683,12 @@ impl Claimant {
                         Some(sent) => self.claims.created(lock, claim.metadata.uid.clone(), sent),
                         None => self.claims.set_uid(lock, claim.metadata.uid.clone()),
                     }
-                    let lifetime = edit::lifetime(&claim);
+                    let lifetime = edit::allowed_lifetime(&claim.spec, timing);
                     *last = Some(claim);
                     return Ok(lifetime);
                 }
-                Err(CasError::AlreadyExists { .. } | CasError::Conflict { .. } | CasError::NotFound { .. }) => continue,
+                Err(CasError::NotFound { .. }) => gone = true,
+                Err(CasError::AlreadyExists { .. } | CasError::Conflict { .. }) => gone = false,
                 Err(e) => return Err(self.refused(lock, e)),
             }
         }

@@ -68,34 +68,25 @@ pub fn recovery_floor(status: Option<&DistributedLockStatus>) -> i64 {
     status.and_then(|s| s.fencing_token).map_or(0, |t| t.saturating_add(TRAILING_TOKENS))
 }
 
-/// How long to hold back writing `desired` over `previous`, the status last written
-/// `since_written` ago (unknown: never held back), given what was done since (`done`) and
-/// the lease duration grants are made under now. `None`: write now.
-pub fn hold_back(
+/// How writing `desired` over `previous`, the status last written `since_written` ago
+/// (unknown: never waits), may wait, given what was done since (`done`) and the lease
+/// duration grants are made under now: held back for the rest of the settle
+/// ([`StatusWrite::Wait`]), then written as the budget of routine status writes allows,
+/// at the latest [`STATUS_SETTLE_MAX`] after the last write ([`StatusWrite::Budgeted`]).
+/// `None`: write now.
+fn routine_wait(
     previous: &DistributedLockStatus,
     desired: &DistributedLockStatus,
     done: &Outcome,
     lease_duration: Duration,
     since_written: Option<Duration>,
-) -> Option<Duration> {
-    let remaining = remaining(STATUS_SETTLE, since_written)?;
-    holdable(previous, desired, done, lease_duration).then_some(remaining)
-}
-
-/// How long at most writing `desired` may still wait for the budget of routine status
-/// writes, the settle ([`hold_back`]) over: until [`STATUS_SETTLE_MAX`] after the last
-/// write, for a change that could be held back. `None`: write now (or the settle is not
-/// over).
-pub fn may_wait_for_budget(
-    previous: &DistributedLockStatus,
-    desired: &DistributedLockStatus,
-    done: &Outcome,
-    lease_duration: Duration,
-    since_written: Option<Duration>,
-) -> Option<Duration> {
-    let since = since_written.filter(|since| *since >= STATUS_SETTLE)?;
-    let remaining = remaining(STATUS_SETTLE_MAX, Some(since))?;
-    holdable(previous, desired, done, lease_duration).then_some(remaining)
+) -> Option<StatusWrite> {
+    let since = since_written?;
+    let wait = match remaining(STATUS_SETTLE, Some(since)) {
+        Some(left) => StatusWrite::Wait(left),
+        None => StatusWrite::Budgeted(remaining(STATUS_SETTLE_MAX, Some(since))?),
+    };
+    holdable(previous, desired, done, lease_duration).then_some(wait)
 }
 
 /// Whether writing `desired` over `previous` may wait: a routine change of a lock whose
@@ -212,13 +203,7 @@ pub fn status_write(
             None => StatusWrite::Apply,
         };
     }
-    if let Some(wait) = hold_back(previous, desired, done, lease_duration, since_written) {
-        return StatusWrite::Wait(wait);
-    }
-    match may_wait_for_budget(previous, desired, done, lease_duration, since_written) {
-        Some(up_to) => StatusWrite::Budgeted(up_to),
-        None => StatusWrite::Apply,
-    }
+    routine_wait(previous, desired, done, lease_duration, since_written).unwrap_or(StatusWrite::Apply)
 }
 
 #[cfg(test)]
@@ -439,7 +424,7 @@ mod tests {
             ("a condition turns", &before, turned, &none, LEASE, Some(10 * MS), None),
         ];
         for (case, previous, desired, done, lease, since, want) in table {
-            assert_eq!(hold_back(previous, &desired, done, lease, since), want, "{case}");
+            assert_eq!(held_back(routine_wait(previous, &desired, done, lease, since)), want, "{case}");
         }
     }
 
@@ -464,14 +449,27 @@ mod tests {
             ("a token past the margin", &past_margin, &beyond, Some(2 * STATUS_SETTLE), None),
         ];
         for (case, desired, done, since, want) in table {
-            assert_eq!(may_wait_for_budget(&before, desired, done, LEASE, since), want, "{case}");
+            let budgeted = match routine_wait(&before, desired, done, LEASE, since) {
+                Some(StatusWrite::Budgeted(up_to)) => Some(up_to),
+                _ => None,
+            };
+            assert_eq!(budgeted, want, "{case}");
         }
     }
 
     #[test]
     fn the_first_waiter_is_written_at_once() {
         let free_queue = status("a", 5, &[]);
-        assert_eq!(hold_back(&free_queue, &status("a", 5, &["b"]), &Outcome::default(), LEASE, Some(MS)), None);
+        let wait = routine_wait(&free_queue, &status("a", 5, &["b"]), &Outcome::default(), LEASE, Some(MS));
+        assert_eq!(wait, None);
+    }
+
+    /// How long a change is held back within the settle, if it is.
+    fn held_back(wait: Option<StatusWrite>) -> Option<Duration> {
+        match wait {
+            Some(StatusWrite::Wait(left)) => Some(left),
+            _ => None,
+        }
     }
 
     #[test]

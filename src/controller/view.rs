@@ -212,8 +212,7 @@ pub fn claim(object: &LockClaim, lock: &str, timing: &Timing) -> Option<Claim> {
     // The claimant's own clock orders claims within the apiserver's second; a clock that
     // is far off must not buy (or cost) more than that second.
     let latest = created.checked_add(jiff::SignedDuration::from_millis(999)).unwrap_or(created);
-    let lifetime = timing.claim_lifetime(edit::wait_shown(spec));
-    let ttl = Duration::from_secs(u64::try_from(spec.ttl_seconds.max(1)).unwrap_or(1)).min(lifetime);
+    let ttl = edit::allowed_lifetime(spec, timing);
     Some(Claim {
         name,
         uid: object.uid()?,

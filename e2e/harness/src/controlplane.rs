@@ -187,6 +187,12 @@ impl ControlPlane {
         self.identity("token-user", token, "default").client().await.expect("a generated kubeconfig is valid")
     }
 
+    /// The client configuration [`Self::client_with_token`] builds its client from, for a
+    /// client with a layer of its own.
+    pub async fn config_with_token(&self, token: &str) -> kube::Config {
+        self.identity("token-user", token, "default").config().await.expect("a generated kubeconfig is valid")
+    }
+
     /// A new admin client (namespace `default`) that reaches the apiserver through
     /// `server_url`: a [`crate::FaultProxy`] in front of it, as `https://<proxy addr>` (the
     /// apiserver's certificate covers 127.0.0.1, so TLS still verifies).
