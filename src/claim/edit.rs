@@ -62,7 +62,8 @@ pub fn refreshed(claim: &LockClaim, timing: &Timing, now: Timestamp) -> LockClai
 /// How long the controller lets a claim live without refresh under `timing`: what it asks
 /// (a second at least), but no longer than the lifetime a claimant asks after the wait the
 /// claim shows ([`Timing::claim_lifetime`]). A new claim that asked more than three lease
-/// durations (a first claim, made before its claimant knew the lock's terms) lives that.
+/// durations (a first claim, made before its claimant knew the lock's terms) lives three
+/// lease durations, 30 s at least.
 pub fn allowed_lifetime(spec: &LockClaimSpec, timing: &Timing) -> Duration {
     let asked = Duration::from_secs(u64::try_from(spec.ttl_seconds.max(1)).unwrap_or(1));
     asked.min(timing.claim_lifetime(wait_shown(spec)))
