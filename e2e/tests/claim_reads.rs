@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::controller::{ManualClaimant, fast};
 use crate::drain::timing;
+use crate::sidecar_owner::setup;
 use crate::support::watch::until;
 use crate::support::{Env, LeaseholdProcess, TestPod};
 
@@ -41,14 +42,9 @@ async fn a_waiting_claimant_whose_watch_shows_the_holder_renewing_refreshes_its_
 
 #[tokio::test]
 async fn a_waiting_claimant_whose_watch_shows_no_change_since_it_claimed_reads_the_lease_at_its_refresh() {
-    let env = Env::new("reads-silent").await;
-    let _controller = env.controller(&["--leader-elect=false"]).await;
     // Lease 30 s: the holder below confirms once and never renews, so the Lease stays as
     // it is for 30 s. b's claim lives 90 s; its first refresh comes 15 s after it was made.
-    env.lock(LOCK, timing(30, 20, 5)).await;
-    let (a, b) = (env.pod("a").await, env.pod("b").await);
-    env.wait_claim_rbac(&a).await;
-    env.wait_claim_rbac(&b).await;
+    let (env, _controller, a, b) = setup("reads-silent", timing(30, 20, 5)).await;
     let holder = ManualClaimant::claim(&a, env.name(), LOCK).await;
     holder.confirm(LOCK).await;
 
@@ -84,12 +80,7 @@ async fn a_waiting_claimant_whose_claim_was_deleted_makes_it_again_at_its_refres
 /// claimant renews it every second: a waiter's watch shows a change every second, and a
 /// waiter's claim lives 30 s and is refreshed 10 s after it was made. Returns pod b.
 async fn held_by_a(prefix: &str) -> (Env, LeaseholdProcess, TestPod, Hold) {
-    let env = Env::new(prefix).await;
-    let controller = env.controller(&["--leader-elect=false"]).await;
-    env.lock(LOCK, fast()).await;
-    let (a, b) = (env.pod("a").await, env.pod("b").await);
-    env.wait_claim_rbac(&a).await;
-    env.wait_claim_rbac(&b).await;
+    let (env, controller, a, b) = setup(prefix, fast()).await;
     let hold = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a holds");
     (env, controller, b, hold)
 }

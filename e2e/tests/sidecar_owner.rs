@@ -22,7 +22,9 @@ use crate::support::{Env, LeaseholdProcess, Sidecar, TestPod};
 
 const LOCK: &str = "orders";
 
-async fn setup(prefix: &str, spec: DistributedLockSpec) -> (Env, LeaseholdProcess, TestPod, TestPod) {
+/// A namespace `prefix`-… with a controller (no election) and lock `orders` of `spec`, and
+/// pods a and b allowed to claim it.
+pub(crate) async fn setup(prefix: &str, spec: DistributedLockSpec) -> (Env, LeaseholdProcess, TestPod, TestPod) {
     let env = Env::new(prefix).await;
     let controller = env.controller(&["--leader-elect=false"]).await;
     env.lock(LOCK, spec).await;

@@ -11,6 +11,7 @@ use leasehold::crd::DistributedLockSpec;
 use leasehold_harness::{Fault, Supervised, eventually};
 
 use crate::controller::fast;
+use crate::sidecar_owner::setup;
 use crate::support::watch::until;
 use crate::support::{Env, TestPod, leasehold_bin};
 
@@ -75,15 +76,6 @@ fn run_command_via(env: &Env, pod: &TestPod, server: Option<&str>, wait: &str, s
 fn start_run(env: &Env, pod: &TestPod, name: &str, script: &str) -> Supervised {
     let log = env.log_dir().join(format!("run-{name}.log"));
     Supervised::spawn(name, run_command(env, pod, "30s", script), &log).expect("start leasehold run")
-}
-
-async fn setup(prefix: &str, spec: DistributedLockSpec) -> (Env, crate::support::LeaseholdProcess, TestPod, TestPod) {
-    let env = Env::new(prefix).await;
-    let controller = env.controller(&["--leader-elect=false"]).await;
-    env.lock(LOCK, spec).await;
-    let (a, b) = (env.pod("a").await, env.pod("b").await);
-    env.wait_claim_rbac(&a).await;
-    (env, controller, a, b)
 }
 
 async fn wait_alive(marker: &str, count: usize) {
