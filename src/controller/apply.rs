@@ -86,7 +86,16 @@ pub async fn apply(t: &Target<'_>, plan: Plan) -> Result<Recheck, Error> {
     }
     let cleared = if plan.clear_annotation { force::clear(ctx, lock, key).await } else { Ok(()) };
     let (history, requests) = write_requests(t, &plan.requests).await;
-    claims::delete_stale(&claim_store, key, &plan.stale).await;
+    let refused = claims::delete_stale(&claim_store, key, &plan.stale).await;
+    if !refused.is_empty() {
+        ctx.with_memory(key, &uid, |m| {
+            for claim in refused {
+                if let Some(seen) = m.claims.get_mut(&claim.uid) {
+                    seen.refused_at = Some(claim.resource_version.clone());
+                }
+            }
+        });
+    }
     if plan.track_holder {
         let holds = plan.status.as_ref().map(|s| s.holds.as_slice()).unwrap_or_default();
         let pods: Vec<&str> =

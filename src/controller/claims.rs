@@ -3,12 +3,12 @@
 //! claim, never deleted on an old judgement).
 
 use kube::runtime::reflector::ObjectRef;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::context::{Context, LockKey};
 use super::view::{self, Claim};
 use crate::crd::LockClaim;
-use crate::lease::{CasStore, Precondition, Timing};
+use crate::lease::{CasError, CasStore, Precondition, Timing};
 
 /// The well-formed claims on lock `key`, in grant order, their TTLs capped by the lock's
 /// timing ([`view::claim`]).
@@ -23,13 +23,23 @@ pub fn of_lock(ctx: &Context, key: &LockKey, timing: &Timing) -> Vec<Claim> {
     claims
 }
 
-/// Deletes claims judged stale, each only if unchanged since it was judged.
-pub async fn delete_stale(store: &CasStore<LockClaim>, key: &LockKey, stale: &[Claim]) {
+/// Deletes claims judged stale, each only if unchanged since it was judged; returns those
+/// refused because they had changed (our cache is behind: judged again once it shows how).
+pub async fn delete_stale<'a>(store: &CasStore<LockClaim>, key: &LockKey, stale: &'a [Claim]) -> Vec<&'a Claim> {
+    let mut refused = Vec::new();
     for claim in stale {
-        if let Err(e) = store.delete_if(&claim.name, Precondition::ResourceVersion(&claim.resource_version)).await {
-            warn!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, error = %e, "failed to delete stale claim");
+        match store.delete_if(&claim.name, Precondition::ResourceVersion(&claim.resource_version)).await {
+            Ok(()) => {}
+            Err(CasError::Conflict { .. }) => {
+                debug!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, "a stale claim changed since it was read: judged again once the cache shows it");
+                refused.push(claim);
+            }
+            Err(e) => {
+                warn!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, error = %e, "failed to delete stale claim");
+            }
         }
     }
+    refused
 }
 
 /// Deletes the claim of a holder whose hold was revoked (the claimant claims again, at the

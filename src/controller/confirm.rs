@@ -1,7 +1,10 @@
 //! How long the controller waits for a grant's confirmation: `--confirm-timeout`, doubled
 //! for each grant of the lock revoked in a row because it was not confirmed in time while
 //! its claim stood, at most a lease duration; back to `--confirm-timeout` once a later
-//! grant of the lock is seen answered (confirmed, or released or given back).
+//! grant of the lock is seen answered (confirmed, or released or given back). Never less
+//! than twice the slowest confirmation seen in the last minute on any lock (at most a
+//! lease duration): a lock granted every few seconds misses rarely enough that its own
+//! misses keep resetting, while a slow apiserver delays every lock's confirmations alike.
 //!
 //! A confirmation takes a watch event to the claimant, its compare-and-swap, and a watch
 //! event back to the controller. On an apiserver slow enough that this takes longer than
@@ -16,7 +19,14 @@
 //! cost is liveness: after misses, a dead waiter holds the lock up for longer, a lease
 //! duration at most.
 
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// How long a confirmation's time is remembered.
+const REMEMBERED: Duration = Duration::from_secs(60);
+
+/// The most confirmation times remembered (the oldest go first).
+const KEPT: usize = 512;
 
 /// A lock's grants revoked unconfirmed in a row, in the controller's memory of the lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,6 +74,41 @@ impl Misses {
     }
 }
 
+/// How long grants took to be seen confirmed lately, across every lock: from our grant's
+/// write returning to our first sight of it confirmed, for grants whose claimant had to
+/// confirm before answering (its claim first seen a lease duration before the grant or
+/// more). A grant answered first confirms only a retry period later, on purpose, and says
+/// nothing of the apiserver's pace.
+#[derive(Debug, Default)]
+pub struct Latencies {
+    /// When each was seen, and how long it took; oldest first.
+    seen: VecDeque<(Instant, Duration)>,
+}
+
+impl Latencies {
+    /// A grant written at `written` was seen confirmed at `now`.
+    pub fn record(&mut self, written: Instant, now: Instant) {
+        self.seen.push_back((now, now.saturating_duration_since(written)));
+        while self.seen.len() > KEPT
+            || self.seen.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > REMEMBERED)
+        {
+            self.seen.pop_front();
+        }
+    }
+
+    /// Twice the slowest confirmation seen in the last minute before `now` (zero: none).
+    pub fn floor(&self, now: Instant) -> Duration {
+        let recent = self.seen.iter().filter(|(at, _)| now.saturating_duration_since(*at) <= REMEMBERED);
+        recent.map(|(_, took)| *took).max().unwrap_or_default().saturating_mul(2)
+    }
+}
+
+/// The confirmation window of a lock: its own misses' ([`Misses::window`]), and no less
+/// than `floor` ([`Latencies::floor`]) capped at a lease duration.
+pub fn window(misses: &Misses, floor: Duration, base: Duration, lease_duration: Duration) -> Duration {
+    misses.window(base, lease_duration).max(floor.min(lease_duration))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +136,44 @@ mod tests {
         for (case, misses, base, lease, expected) in table {
             assert_eq!(after(&misses).window(base, lease), expected, "{case}");
         }
+    }
+
+    #[test]
+    fn the_window_is_at_least_twice_the_slowest_recent_confirmation_up_to_a_lease_duration() {
+        let table = [
+            ("nothing seen: the timeout", vec![], vec![], S, 15 * S, S),
+            ("fast confirmations: the timeout", vec![], vec![(10, 100)], S, 15 * S, S),
+            ("one slow confirmation: twice it", vec![], vec![(10, 100), (20, 1_500)], S, 15 * S, 3 * S),
+            ("the slowest counts, not the latest", vec![], vec![(10, 2_000), (20, 100)], S, 15 * S, 4 * S),
+            ("older than a minute: forgotten", vec![], vec![(0, 2_000), (70, 100)], S, 15 * S, S),
+            ("capped at a lease duration", vec![], vec![(10, 9_000)], S, 15 * S, 15 * S),
+            ("the lock's misses may ask for more", vec![5, 6], vec![(10, 1_500)], S, 15 * S, 4 * S),
+            ("a timeout above the lease duration stays", vec![], vec![(10, 30_000)], 20 * S, 15 * S, 20 * S),
+        ];
+        for (case, misses, seen, base, lease, expected) in table {
+            let start = Instant::now();
+            let mut latencies = Latencies::default();
+            let mut now = start;
+            for (at_s, took_ms) in seen {
+                now = start + Duration::from_secs(at_s) + Duration::from_millis(took_ms);
+                latencies.record(now - Duration::from_millis(took_ms), now);
+            }
+            let floor = latencies.floor(now);
+            assert_eq!(window(&after(&misses), floor, base, lease), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn only_the_latest_confirmations_are_kept() {
+        let start = Instant::now();
+        let mut latencies = Latencies::default();
+        latencies.record(start, start + 5 * S);
+        for i in 0..KEPT {
+            let at = start + 6 * S + Duration::from_millis(i as u64);
+            latencies.record(at - Duration::from_millis(10), at);
+        }
+        assert_eq!(latencies.seen.len(), KEPT);
+        assert_eq!(latencies.floor(start + 7 * S), Duration::from_millis(20), "the slow one was pushed out");
     }
 
     #[test]

@@ -97,6 +97,11 @@ pub struct SlotMemory {
     /// What the slot Lease as last decided from or written in this term carried: if it is
     /// deleted, that hold is drained on the re-created one. Only what re-creation reads.
     pub seen: Option<super::recreate::Seen>,
+    /// Our latest grant on this slot, by token, with when its write returned, while its
+    /// claimant must confirm it before answering and we have not seen it confirmed: how
+    /// long that took is recorded when we do ([`super::confirm::Latencies`]). Forgetting it
+    /// loses one such time, nothing else.
+    pub awaiting: Option<(i64, std::time::Instant)>,
 }
 
 /// The status a reconcile last applied to a lock: as written until the cached lock shows
@@ -141,6 +146,9 @@ pub struct ClaimSeen {
     /// When we first saw its hold given back by its claimant (a free Lease still naming
     /// it): the claimant deletes it alongside.
     pub given_back: Option<std::time::Instant>,
+    /// The resourceVersion at which our delete of it was refused because it had changed:
+    /// while our cache still shows that version, a delete would be refused alike.
+    pub refused_at: Option<String>,
 }
 
 /// The controller's memory of one lock, valid for one leadership term.
@@ -254,6 +262,8 @@ pub struct Context {
     pub tokens: Mutex<HashMap<LockKey, i64>>,
     /// Which locks each holder Pod holds, so a Pod event finds its locks.
     pub holders: Arc<Mutex<HolderIndex>>,
+    /// How long grants took to be seen confirmed lately, across every lock.
+    pub confirmations: Mutex<super::confirm::Latencies>,
     /// The budget of routine status writes across every lock, past their settle.
     pub status_budget: governor::DefaultDirectRateLimiter,
     /// When each lock last had a routine Event (Granted, Released) recorded.
@@ -438,8 +448,10 @@ mod tests {
             (
                 "a claim being timed",
                 with(&|m| {
-                    m.claims
-                        .insert("c1".into(), ClaimSeen { first: now, refresh: None, served: false, given_back: None });
+                    m.claims.insert(
+                        "c1".into(),
+                        ClaimSeen { first: now, refresh: None, served: false, given_back: None, refused_at: None },
+                    );
                 }),
                 false,
             ),

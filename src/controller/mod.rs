@@ -260,6 +260,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         rbac: Mutex::default(),
         pod_accounts: Mutex::default(),
         routine_events: Mutex::default(),
+        confirmations: Mutex::default(),
         status_budget: coalesce::routine_status_budget(),
     });
 

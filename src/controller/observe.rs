@@ -14,7 +14,7 @@ use super::decide::Tokens;
 use super::error::Error;
 use super::plan::{self, HoldClock, Observation, SlotView, Waiting};
 use super::view::{self, LeaseState};
-use super::{claims, clocks, coalesce, force_requests, pods, recreate};
+use super::{claims, clocks, coalesce, confirm, force_requests, pods, recreate};
 use crate::crd::DistributedLock;
 use crate::lease::clock::Sighting;
 use crate::lease::{GrantedTiming, Identity, token};
@@ -62,7 +62,7 @@ pub async fn observe<'a>(
     let states: Vec<LeaseState> = leases.iter().map(|(_, l)| view::lease_state(l)).collect();
     let found = claims::of_lock(ctx, key, &spec_terms.timing);
 
-    let (ages, clocks, spent, given_back, misses) = ctx.with_memory(key, &uid, |m| {
+    let (ages, clocks, spent, given_back, refused, misses, confirmed) = ctx.with_memory(key, &uid, |m| {
         m.claims.retain(|uid, _| found.iter().any(|c| &c.uid == uid));
         let ages: Vec<(Duration, Duration)> = found
             .iter()
@@ -72,6 +72,7 @@ pub async fn observe<'a>(
                     refresh: None,
                     served: false,
                     given_back: None,
+                    refused_at: None,
                 });
                 (now - Sighting::observe(&mut seen.refresh, c.renew_time.clone(), now), now - seen.first)
             })
@@ -79,8 +80,17 @@ pub async fn observe<'a>(
         // Memory of slots that are gone goes with them.
         m.slots.retain(|slot, _| leases.iter().any(|(s, _)| s == slot));
         let mut clocks = Vec::with_capacity(leases.len());
+        // When our grants seen confirmed for the first time were written.
+        let mut confirmed = Vec::new();
         for ((slot, lease), state) in leases.iter().zip(&states) {
             let memory = m.slot(*slot);
+            if let (LeaseState::Held(h), Some((token, written))) = (state, memory.awaiting)
+                && h.confirmed
+                && h.token == Some(token)
+            {
+                confirmed.push(written);
+                memory.awaiting = None;
+            }
             memory.seen = Some(recreate::seen(lease));
             // A Lease given back still names its claim, which its claimant deletes
             // alongside: a controller that never saw the hold learns it was served here.
@@ -122,8 +132,20 @@ pub async fn observe<'a>(
         }
         let given_back: Vec<(String, Duration)> =
             m.claims.iter().filter_map(|(uid, seen)| Some((uid.clone(), now - seen.given_back?))).collect();
-        (ages, clocks, spent, given_back, m.misses)
+        let refused: Vec<String> = found
+            .iter()
+            .filter(|c| m.claims.get(&c.uid).and_then(|seen| seen.refused_at.as_ref()) == Some(&c.resource_version))
+            .map(|c| c.uid.clone())
+            .collect();
+        (ages, clocks, spent, given_back, refused, m.misses, confirmed)
     });
+    let floor = {
+        let mut latencies = ctx.confirmations.lock().expect("confirmation times are never poisoned");
+        for written in confirmed {
+            latencies.record(written, now);
+        }
+        latencies.floor(now)
+    };
     let mut slots = Vec::with_capacity(leases.len());
     for (((slot, lease), state), clock) in leases.iter().zip(&states).zip(clocks) {
         let hold = match (state, clock.hold) {
@@ -179,6 +201,7 @@ pub async fn observe<'a>(
         claims,
         spent,
         given_back,
+        refused,
         requests: if deleting { Vec::new() } else { force_requests::current(ctx, key, &uid) },
         executed: force_requests::executed(ctx, key, lock),
         required: force_requests::required(ctx, lock),
@@ -189,7 +212,12 @@ pub async fn observe<'a>(
             leases.iter().map(|(_, l)| l),
             wall.as_millisecond(),
         ),
-        confirm_timeout: misses.window(ctx.settings.confirm_timeout, spec_terms.timing.lease_duration),
+        confirm_timeout: confirm::window(
+            &misses,
+            floor,
+            ctx.settings.confirm_timeout,
+            spec_terms.timing.lease_duration,
+        ),
         wall,
     })
 }

@@ -105,6 +105,10 @@ pub struct Observation<'a> {
     /// them), and for how long: the claimant deletes such a claim as it gives the hold
     /// back, so it is left to it for [`GIVEN_BACK_GRACE`].
     pub given_back: Vec<(String, Duration)>,
+    /// The claims (UIDs) whose delete we sent was refused because they had changed, and
+    /// that our cache still shows as they were: not deleted again until it shows the
+    /// change (and judged afresh then).
+    pub refused: Vec<String>,
     /// The lock's ForceReleaseRequests, oldest first.
     pub requests: Vec<Arc<ForceReleaseRequest>>,
     /// The request the lock records as carried out, with the token it revoked.
@@ -176,6 +180,9 @@ pub struct Grant {
     pub waited_seconds: f64,
     /// From the previous holder's release to this grant, ms (none after a drain).
     pub handoff_ms: Option<i64>,
+    /// Whether its claimant must confirm it before answering: its claim was first seen a
+    /// lease duration ago or more.
+    pub confirm_first: bool,
 }
 
 /// A revocation.
@@ -315,7 +322,10 @@ pub fn not_ready(lock: &DistributedLock, known: i64, approvals: u32, ready: Read
 /// left to its claimant is next due to be dropped. The holders' own claims are none of
 /// these; a claim that aged out, was already served, or whose claimant may not be served
 /// is stale — except one given back less than [`GIVEN_BACK_GRACE`] ago, which is left to
-/// the claimant deleting it (and never granted).
+/// the claimant deleting it (and never granted). A stale claim whose delete was refused
+/// (it had changed) is not dropped again while our cache still shows it unchanged: with
+/// thousands of claims our cache can lag their changes by seconds, and every reconcile of
+/// the lock would send the same doomed delete.
 fn queue<'a>(o: &'a Observation, holders: &[&Identity]) -> (Vec<&'a Waiting>, Vec<Claim>, Option<Duration>) {
     let mut live = Vec::new();
     let mut stale = Vec::new();
@@ -329,7 +339,9 @@ fn queue<'a>(o: &'a Observation, holders: &[&Identity]) -> (Vec<&'a Waiting>, Ve
             let left = GIVEN_BACK_GRACE - given_back_for;
             due = Some(due.map_or(left, |d| d.min(left)));
         } else if spent || w.unchanged_for >= w.claim.ttl || w.serveable == Some(false) {
-            stale.push(w.claim.clone());
+            if !o.refused.contains(&w.claim.uid) {
+                stale.push(w.claim.clone());
+            }
         } else {
             live.push(w);
         }

@@ -76,8 +76,10 @@ fn granted(ctx: &Context, lock: &DistributedLock, key: &LockKey, uid: &str, gran
     let holder = &grant.claim.identity;
     ctx.with_memory(key, uid, |m| {
         let slot = m.slot(grant.slot);
-        super::clocks::granted(slot, &holder.id, grant.token, Instant::now());
+        let now = Instant::now();
+        super::clocks::granted(slot, &holder.id, grant.token, now);
         slot.served = Some(grant.claim.uid.clone());
+        slot.awaiting = grant.confirm_first.then_some((grant.token, now));
     });
     ctx.metrics.grants.inc();
     ctx.metrics.wait_seconds.observe(grant.waited_seconds);
@@ -99,7 +101,8 @@ fn missed_confirmation(ctx: &Context, lock: &DistributedLock, key: &LockKey, tok
         m.misses
     });
     let timing = crate::lease::GrantedTiming::of_spec(&lock.spec).timing;
-    let next = missed.window(ctx.settings.confirm_timeout, timing.lease_duration);
+    let floor = ctx.confirmations.lock().expect("confirmation times are never poisoned").floor(Instant::now());
+    let next = super::confirm::window(&missed, floor, ctx.settings.confirm_timeout, timing.lease_duration);
     info!(namespace = %key.namespace, lock = %key.name, in_a_row = missed.count(), next = ?next,
         "a grant went unconfirmed: waiting longer for the next confirmation");
 }

@@ -93,7 +93,19 @@ fn carry_out(
                 _ => Some(0),
             };
             let waited_seconds = o.wall.duration_since(head.requested).as_secs_f64().max(0.0);
-            plan.grants.push(Grant { slot, claim: head.clone(), token: *token, waited_seconds, handoff_ms });
+            let confirm_first = o
+                .claims
+                .iter()
+                .find(|w| w.claim.uid == head.uid)
+                .is_some_and(|w| w.seen_for >= spec_terms.timing.lease_duration);
+            plan.grants.push(Grant {
+                slot,
+                claim: head.clone(),
+                token: *token,
+                waited_seconds,
+                handoff_ms,
+                confirm_first,
+            });
             plan.revocations.extend(revocation.as_ref().map(|r| revoked(r, *token, None)));
             plan.drained.extend(drained);
             plan.recheck = [plan.recheck, Some(o.confirm_timeout)].into_iter().flatten().min();

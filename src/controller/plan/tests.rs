@@ -79,6 +79,7 @@ fn observation<'a>(lock: &'a DistributedLock, lease: &'a Lease, claims: Vec<Wait
         claims,
         spent: Vec::new(),
         given_back: Vec::new(),
+        refused: Vec::new(),
         requests: Vec::new(),
         executed: None,
         required: 0,
@@ -213,6 +214,38 @@ fn aged_out_claims_are_stale_and_the_earliest_deadline_is_rechecked() {
     assert_eq!(names(&plan.stale), ["orders.u-old"]);
     assert_eq!(names(&status(&plan).waiters), ["orders.u-young"]);
     assert_eq!(plan.recheck, Some(5 * S), "the young claim goes stale first");
+}
+
+#[test]
+fn a_stale_claim_whose_delete_was_refused_is_not_deleted_again_while_the_cache_shows_it_unchanged() {
+    // (case, claim a served, aged out, not serveable, its delete refused at the version
+    // cached, dropped, granted)
+    let table = [
+        ("served: dropped", true, false, false, false, true, "u-b"),
+        ("served, refused: left for the cache", true, false, false, true, false, "u-b"),
+        ("aged out, refused: left for the cache", false, true, false, true, false, "u-b"),
+        ("not serveable, refused: left for the cache", false, false, true, true, false, "u-b"),
+        ("waiting, its delete once refused: served as ever", false, false, false, true, false, "u-a"),
+    ];
+    let lock = lock();
+    let lease = free();
+    for (case, served, aged, unserveable, refused, dropped, granted) in table {
+        let mut a = waiting("a", 1, Some(!unserveable));
+        if aged {
+            a.unchanged_for = 30 * S;
+        }
+        let mut o = observation(&lock, &lease, vec![a, waiting("b", 2, Some(true))]);
+        if served {
+            o.spent = vec!["uid-a".into()];
+        }
+        if refused {
+            o.refused = vec!["uid-a".into()];
+        }
+        let plan = super::plan(&o);
+        let expected: &[&str] = if dropped { &["orders.u-a"] } else { &[] };
+        assert_eq!(names(&plan.stale), expected, "{case}");
+        assert_eq!(holder_of(&plan).as_deref(), Some(granted), "{case}");
+    }
 }
 
 #[test]
