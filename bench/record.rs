@@ -65,6 +65,12 @@ pub struct Throughput {
     /// Seconds from the claimants' start until as many claims had been created as there
     /// are claimants (`None`: not within the limit); the window starts after it.
     pub all_claimed_s: Option<f64>,
+    /// Seconds from then until every claimant had been granted once more, a turn of every
+    /// queue (`None`: not within the limit); the window starts after it too.
+    pub turned_s: Option<f64>,
+    /// Cycles per second in a window as long that starts where the window used to: after
+    /// the warm-up and once every claimant had claimed, without waiting for the turn.
+    pub first_per_second: f64,
     /// Cycles per second.
     pub per_second: f64,
     /// Failed acquisitions in the window.

@@ -57,6 +57,12 @@ impl Shape {
 /// claimants, the apiserver admits the first herd's requests over tens of seconds.
 const ALL_CLAIMED: Duration = Duration::from_secs(180);
 
+/// The longest the window waits, once every claimant has claimed, for every claimant to
+/// be granted once more: a turn of every queue. With 1,000 locks × 10 claimants the
+/// apiserver is still absorbing the first herd when the last claim is created (grants go
+/// unconfirmed, the controller's caches lag), and a turn of a queue there takes minutes.
+const TURNED: Duration = Duration::from_secs(300);
+
 /// How long the claimants still queued when the window closes get to be granted in turn
 /// and leave.
 const DRAIN: Duration = Duration::from_secs(120);
@@ -102,8 +108,8 @@ pub async fn run(
 
     let files_before = crate::observe::open_files()?;
     let stop = Arc::new(AtomicBool::new(false));
-    // (acquire returned, acquire latency ms) per cycle; errors by instant.
-    let cycles: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
+    // (acquire returned, acquire latency ms, which claimant) per cycle; errors by instant.
+    let cycles: Arc<Mutex<Vec<(Instant, f64, usize)>>> = Arc::default();
     let errors: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
     // The client the product's components build for themselves (TCP_NODELAY), one per
@@ -111,9 +117,10 @@ pub async fn run(
     let accounts = crate::accounts::for_clients(env, locks).await?;
     // From here the claimants start: the warm-up, and the wait for their first claims.
     let counted = (crate::observe::scrape(admin).await?, Instant::now());
-    for (lock, account) in names.iter().zip(accounts) {
+    for (l, (lock, account)) in names.iter().zip(accounts).enumerate() {
         let client = leasehold::kube_client::from_config(account.config)?;
         for c in 0..clients {
+            let who = l * clients + c;
             let mode = if shape.writes(c, clients) { ClaimMode::Write } else { ClaimMode::Read };
             let identity = Identity::for_user(&account.username);
             let claimant = Claimant::new(client.clone(), env.name(), identity, "leasehold-bench");
@@ -124,7 +131,7 @@ pub async fn run(
                     match claimant.acquire_in(&lock, PATIENCE, mode).await {
                         Ok(hold) => {
                             let now = Instant::now();
-                            cycles.lock().expect("not poisoned").push((now, ms_between(started, now)));
+                            cycles.lock().expect("not poisoned").push((now, ms_between(started, now), who));
                             hold.release().await;
                         }
                         Err(e) => {
@@ -139,20 +146,27 @@ pub async fn run(
             });
         }
     }
-    // The window measures the steady state: it starts after the warm-up, and not before
-    // every claimant has claimed once.
+    // The window measures the steady state: it starts after the warm-up, not before every
+    // claimant has claimed once, and not before each has been granted once since (a turn
+    // of every queue). Where the window used to start, right after the claims, the cycles
+    // of a window as long are counted too.
     let all_claimed =
         crate::observe::claims_created(admin, (&counted.0, counted.1), locks * clients, ALL_CLAIMED).await?;
-    let warmup = warmup.saturating_sub(counted.1.elapsed());
+    let claimed = Instant::now();
+    let first = claimed + warmup.saturating_sub(counted.1.elapsed());
+    let turned = turned_over(&cycles, claimed, locks * clients, TURNED).await;
+    let wait = first.saturating_duration_since(Instant::now());
     // Everyone still queued is granted in turn and leaves; give that a bounded time.
     let ((before, start), (after, end), cpu) =
-        crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, DRAIN).await?;
+        crate::observe::window(admin, meter, (wait, window), &stop, &mut tasks, DRAIN).await?;
 
     // The sample lists' mutex guards end here, before the wait for the leftovers.
     let result = {
         let inside = |t: &Instant| *t >= start && *t < end;
         let cycles = cycles.lock().expect("not poisoned");
-        let in_window: Vec<f64> = cycles.iter().filter(|(t, _)| inside(t)).map(|(_, ms)| *ms).collect();
+        let in_window: Vec<f64> = cycles.iter().filter(|(t, _, _)| inside(t)).map(|(_, ms, _)| *ms).collect();
+        let first_end = first + (end - start);
+        let in_first = cycles.iter().filter(|(t, _, _)| *t >= first && *t < first_end).count();
         let errors = errors.lock().expect("not poisoned");
         let failed: Vec<&String> = errors.iter().filter(|(t, _)| inside(t)).map(|(_, e)| e).collect();
         // A few distinct failures, by category, to say what went wrong.
@@ -175,6 +189,8 @@ pub async fn run(
             cycles: in_window.len(),
             seconds,
             all_claimed_s: all_claimed.map(|d| d.as_secs_f64()),
+            turned_s: turned.map(|d| d.as_secs_f64()),
+            first_per_second: in_first as f64 / (end - start).as_secs_f64(),
             per_second: in_window.len() as f64 / seconds,
             errors: failed.len(),
             error_kinds,
@@ -190,6 +206,29 @@ pub async fn run(
     };
     settle(&mut tasks, locks, clients, files_before).await;
     Ok(result)
+}
+
+/// Waits until each of `claimants` has been granted since `since` (a turn of every
+/// queue), or `limit` has passed; returns how long that took (`None`: not within it).
+async fn turned_over(
+    cycles: &Mutex<Vec<(Instant, f64, usize)>>,
+    since: Instant,
+    claimants: usize,
+    limit: Duration,
+) -> Option<Duration> {
+    loop {
+        let granted: std::collections::HashSet<usize> = {
+            let cycles = cycles.lock().expect("not poisoned");
+            cycles.iter().filter(|(t, _, _)| *t >= since).map(|(_, _, who)| *who).collect()
+        };
+        if granted.len() >= claimants {
+            return Some(since.elapsed());
+        }
+        if since.elapsed() >= limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Ends what is left of a run — claimants cut off at the end of [`DRAIN`] — and waits for
