@@ -27,17 +27,22 @@ fn timing() -> DistributedLockSpec {
     }
 }
 
-#[tokio::test]
-async fn each_grant_left_unconfirmed_makes_the_next_wait_longer_until_one_is_confirmed() {
-    let env = Env::new("confirm-window").await;
-    let _controller = env.controller(&["--leader-elect=false", "--confirm-timeout=1s"]).await;
-    env.lock(LOCK, timing()).await;
-    let names = ["a", "b", "c", "d", "e", "f", "g"];
+/// Pods `names`, once they may claim here.
+async fn pods(env: &Env, names: &[&str]) -> Vec<crate::support::TestPod> {
     let mut pods = Vec::new();
     for name in names {
         pods.push(env.pod(name).await);
     }
     env.wait_claim_rbac(&pods[0]).await;
+    pods
+}
+
+#[tokio::test]
+async fn each_grant_left_unconfirmed_makes_the_next_wait_longer_until_one_is_confirmed() {
+    let env = Env::new("confirm-window").await;
+    let _controller = env.controller(&["--leader-elect=false", "--confirm-timeout=1s"]).await;
+    env.lock(LOCK, timing()).await;
+    let pods = pods(&env, &["a", "b", "c", "d", "e", "f", "g"]).await;
     let [a, b, c, d, e, f, g] = pods.as_slice() else { unreachable!("seven pods") };
     let mut grants = GrantLog::start(env.leases(), LOCK);
 
@@ -89,12 +94,7 @@ async fn a_slow_confirmation_on_one_lock_makes_the_controller_wait_longer_on_ano
     let (slow, other) = ("slow", "other");
     env.lock(slow, timing()).await;
     env.lock(other, timing()).await;
-    let names = ["a", "m1", "m2", "b", "h", "c", "d"];
-    let mut pods = Vec::new();
-    for name in names {
-        pods.push(env.pod(name).await);
-    }
-    env.wait_claim_rbac(&pods[0]).await;
+    let pods = pods(&env, &["a", "m1", "m2", "b", "h", "c", "d"]).await;
     let [a, m1, m2, b, h, c, d] = pods.as_slice() else { unreachable!("seven pods") };
     let mut grants = GrantLog::start(env.leases(), other);
 
