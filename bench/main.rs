@@ -29,6 +29,7 @@ mod plain_cas;
 mod plan;
 mod record;
 mod report;
+mod report_ceiling;
 mod report_costs;
 mod request_cost;
 mod rounds;

@@ -670,6 +670,7 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     }
 
     cpu_table(w, run);
+    crate::report_ceiling::table(w, run);
     crate::report_costs::tables(w, run);
 
     for t in run.throughput.iter().filter(|t| !t.error_kinds.is_empty()) {
