@@ -92,6 +92,10 @@ pub struct Throughput {
     pub request_counts: BTreeMap<String, f64>,
     /// Acquire latency (request to hold, including queueing) in the window.
     pub acquire_ms: Summary,
+    /// Release latency (the claim withdrawn and the holder cleared, both answered) of the
+    /// releases that returned in the window: how long a lock stays held after its
+    /// holder lets go.
+    pub release_ms: Summary,
     /// CPU time of the apiserver, etcd, the controller and this process in the window.
     pub cpu: crate::cpu::Usage,
 }

@@ -599,7 +599,7 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
 
     let _ = writeln!(
         w,
-        "\n## Throughput (in-process claimants, contending)\n\nA cycle is one grant (acquire returned, then release): writes/cycle and 409s/cycle are per grant. Apiserver writes/s = cycles/s × writes per grant, and the column after it that as a fraction of the apiserver's raw CAS ceiling with as many clients (the next table). Each claimant is a ServiceAccount's, as an app's pods are, so the apiserver's priority and fairness applies to it. The window starts after the warm-up, not before as many claims have been created as there are claimants (the column after it: when that was, from the claimants' start), and not before every claimant has been granted once since (a turn of every queue: the next column, from then): it measures the steady state, not the first herd. The last column counts the cycles of a window as long that starts without waiting for the turn, where reports before this one started theirs.\n\n| locks × clients | cycles/s | cycles | window (s) | every claimant claimed after (s) | each granted once more after (s) | acquire wait p50 / p99 (ms) | errors | writes/cycle (per grant) | 409s/cycle (per grant) | writes by kind per cycle | apiserver writes/s | of the CAS ceiling | cycles/s without waiting for the turn |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|"
+        "\n## Throughput (in-process claimants, contending)\n\nA cycle is one grant (acquire returned, then release): writes/cycle and 409s/cycle are per grant. Apiserver writes/s = cycles/s × writes per grant, and the column after it that as a fraction of the apiserver's raw CAS ceiling with as many clients (the next table). Each claimant is a ServiceAccount's, as an app's pods are, so the apiserver's priority and fairness applies to it. The window starts after the warm-up, not before as many claims have been created as there are claimants (the column after it: when that was, from the claimants' start), and not before every claimant has been granted once since (a turn of every queue: the next column, from then): it measures the steady state, not the first herd. The last column counts the cycles of a window as long that starts without waiting for the turn, where reports before this one started theirs.\n\n| locks × clients | cycles/s | cycles | window (s) | every claimant claimed after (s) | each granted once more after (s) | acquire wait p50 / p99 (ms) | release p50 / p99 (ms) | errors | writes/cycle (per grant) | 409s/cycle (per grant) | writes by kind per cycle | apiserver writes/s | of the CAS ceiling | cycles/s without waiting for the turn |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|"
     );
     for t in &run.throughput {
         let (writes, fraction) = ceiling_fraction(run, t)
@@ -608,7 +608,7 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
             });
         let _ = writeln!(
             w,
-            "| {} × {}{} | {:.1} | {} | {:.1} | {} | {} | {} / {} | {} | {:.2} | {:.2} | {} | {writes} | {fraction} | {:.1} |",
+            "| {} × {}{} | {:.1} | {} | {:.1} | {} | {} | {} / {} | {} / {} | {} | {:.2} | {:.2} | {} | {writes} | {fraction} | {:.1} |",
             t.locks,
             t.clients_per_lock,
             shape(t),
@@ -619,6 +619,8 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
             t.turned_s.map_or_else(|| "not within 300 s".to_owned(), |s| format!("{s:.1}")),
             num(t.acquire_ms.p50),
             num(t.acquire_ms.p99),
+            num(t.release_ms.p50),
+            num(t.release_ms.p99),
             t.errors,
             t.writes_per_cycle,
             t.conflicts_per_cycle,

@@ -111,6 +111,8 @@ pub async fn run(
     // (acquire returned, acquire latency ms, which claimant) per cycle; errors by instant.
     let cycles: Arc<Mutex<Vec<(Instant, f64, usize)>>> = Arc::default();
     let errors: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    // (release returned, release latency ms) per cycle.
+    let releases: Arc<Mutex<Vec<(Instant, f64)>>> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
     // The client the product's components build for themselves (TCP_NODELAY), one per
     // lock, each as a ServiceAccount of its own.
@@ -125,6 +127,7 @@ pub async fn run(
             let identity = Identity::for_user(&account.username);
             let claimant = Claimant::new(client.clone(), env.name(), identity, "leasehold-bench");
             let (lock, stop, cycles, errors) = (lock.clone(), stop.clone(), cycles.clone(), errors.clone());
+            let releases = releases.clone();
             tasks.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
@@ -132,7 +135,10 @@ pub async fn run(
                         Ok(hold) => {
                             let now = Instant::now();
                             cycles.lock().expect("not poisoned").push((now, ms_between(started, now), who));
+                            let releasing = Instant::now();
                             hold.release().await;
+                            let released = Instant::now();
+                            releases.lock().expect("not poisoned").push((released, ms_between(releasing, released)));
                         }
                         Err(e) => {
                             errors
@@ -167,6 +173,8 @@ pub async fn run(
         let in_window: Vec<f64> = cycles.iter().filter(|(t, _, _)| inside(t)).map(|(_, ms, _)| *ms).collect();
         let first_end = first + (end - start);
         let in_first = cycles.iter().filter(|(t, _, _)| *t >= first && *t < first_end).count();
+        let released: Vec<f64> =
+            releases.lock().expect("not poisoned").iter().filter(|(t, _)| inside(t)).map(|(_, ms)| *ms).collect();
         let errors = errors.lock().expect("not poisoned");
         let failed: Vec<&String> = errors.iter().filter(|(t, _)| inside(t)).map(|(_, e)| e).collect();
         // A few distinct failures, by category, to say what went wrong.
@@ -201,6 +209,7 @@ pub async fn run(
             requests: crate::observe::per_kind(&requests, n),
             request_counts: requests.iter().map(|(k, v)| (k.clone(), v / n)).collect(),
             acquire_ms: Summary::of(&in_window),
+            release_ms: Summary::of(&released),
             cpu,
         }
     };
