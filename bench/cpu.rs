@@ -119,4 +119,14 @@ impl Usage {
     pub fn of(&self, name: &str) -> Option<f64> {
         self.processes.iter().find(|(n, _)| n == name).map(|(_, s)| *s)
     }
+
+    /// Process `name`'s CPU in the window as a percentage of one CPU.
+    pub fn percent(&self, name: &str) -> Option<f64> {
+        self.of(name).filter(|_| self.seconds > 0.0).map(|s| s * 100.0 / self.seconds)
+    }
+
+    /// Process `name`'s CPU milliseconds per one of `done` (grants, writes) in the window.
+    pub fn ms_per(&self, name: &str, done: usize) -> Option<f64> {
+        self.of(name).filter(|_| done > 0).map(|s| s * 1000.0 / done as f64)
+    }
 }

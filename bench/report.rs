@@ -772,10 +772,9 @@ fn cpu_table(w: &mut String, run: &Run) {
             .map(|t| (format!("throughput, {} × {}{}", t.locks, t.clients_per_lock, shape(t)), &t.cpu, t.cycles)),
     );
     for (what, cpu, done) in rows {
-        let share = |name: &str| cpu.of(name).map(|s| s * 100.0 / cpu.seconds);
-        let pct = |name: &str| share(name).map_or("—".into(), |p| format!("{p:.0} %"));
+        let pct = |name: &str| cpu.percent(name).map_or("—".into(), |p| format!("{p:.0} %"));
         let used: f64 = cpu.processes.iter().map(|(_, s)| s).sum::<f64>() * 100.0 / cpu.seconds;
-        let per = cpu.of("kube-apiserver").filter(|_| done > 0).map_or("—".into(), |s| num(s * 1000.0 / done as f64));
+        let per = cpu.ms_per("kube-apiserver", done).map_or("—".into(), num);
         let _ = writeln!(
             w,
             "| {what} | {} | {} | {} | {} | {:.0} % | {per} |",

@@ -4,7 +4,6 @@
 
 use std::fmt::Write as _;
 
-use crate::cpu::Usage;
 use crate::record::{Ceiling, Run, Throughput};
 use crate::report::{ceiling_fraction, num, shape};
 
@@ -24,13 +23,13 @@ struct Factors {
 
 impl Factors {
     fn of(t: &Throughput, c: &Ceiling) -> Option<Factors> {
-        let per_grant = ms_per(&t.cpu, t.cycles)?;
+        let per_grant = t.cpu.ms_per(APISERVER, t.cycles).filter(|ms| *ms > 0.0)?;
         (t.writes_per_cycle > 0.0).then_some(())?;
         Some(Factors {
             per_write_ms: per_grant / t.writes_per_cycle,
-            per_cas_ms: ms_per(&c.cpu, c.writes)?,
-            busy: busy(&t.cpu)?,
-            busy_ceiling: busy(&c.cpu)?,
+            per_cas_ms: c.cpu.ms_per(APISERVER, c.writes).filter(|ms| *ms > 0.0)?,
+            busy: t.cpu.percent(APISERVER).filter(|p| *p > 0.0)?,
+            busy_ceiling: c.cpu.percent(APISERVER).filter(|p| *p > 0.0)?,
         })
     }
 
@@ -43,16 +42,6 @@ impl Factors {
     fn cpu(&self) -> f64 {
         self.busy / self.busy_ceiling
     }
-}
-
-/// Apiserver CPU per `done` (ms).
-fn ms_per(cpu: &Usage, done: usize) -> Option<f64> {
-    cpu.of(APISERVER).filter(|s| *s > 0.0 && done > 0).map(|s| s * 1000.0 / done as f64)
-}
-
-/// The apiserver's CPU in a window, % of one CPU.
-fn busy(cpu: &Usage) -> Option<f64> {
-    cpu.of(APISERVER).filter(|s| *s > 0.0 && cpu.seconds > 0.0).map(|s| s * 100.0 / cpu.seconds)
 }
 
 /// The table, for each throughput run that has a ceiling with as many clients as locks.

@@ -44,7 +44,7 @@ pub fn tables(w: &mut String, run: &Run) {
     );
     for t in &run.throughput {
         let (explained, status) = at_costs(&t.request_counts, costs);
-        let measured = t.cpu.of("kube-apiserver").filter(|_| t.cycles > 0).map(|s| s * 1000.0 / t.cycles as f64);
+        let measured = t.cpu.ms_per("kube-apiserver", t.cycles);
         let share = measured.filter(|m| *m > 0.0).map_or("—".into(), |m| format!("{:.0} %", explained * 100.0 / m));
         let _ = writeln!(
             w,

@@ -135,10 +135,9 @@ pub async fn run(
                         Ok(hold) => {
                             let now = Instant::now();
                             cycles.lock().expect("not poisoned").push((now, ms_between(started, now), who));
-                            let releasing = Instant::now();
                             hold.release().await;
                             let released = Instant::now();
-                            releases.lock().expect("not poisoned").push((released, ms_between(releasing, released)));
+                            releases.lock().expect("not poisoned").push((released, ms_between(now, released)));
                         }
                         Err(e) => {
                             errors
