@@ -55,6 +55,12 @@ use record::{Panel, Phase, Run};
 use support::Env;
 
 fn main() -> ExitCode {
+    if let Ok(filter) = std::env::var("LEASEHOLD_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime");
     match runtime.block_on(bench()) {
         Ok(true) => ExitCode::SUCCESS,

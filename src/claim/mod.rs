@@ -652,6 +652,9 @@ impl Claimant {
             let mut created = None;
             let written = match existing {
                 None => {
+                    if gone {
+                        info!(lock, claim = %name, "our claim was gone: claiming again, at the back of the queue");
+                    }
                     let ttl = i32::try_from(timing.claim_ttl().as_secs()).unwrap_or(i32::MAX);
                     let claim = edit::with_mode(edit::lock_claim(lock, &self.identity, ttl, Timestamp::now()), mode);
                     created = Some(Instant::now());

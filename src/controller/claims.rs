@@ -29,7 +29,9 @@ pub async fn delete_stale<'a>(store: &CasStore<LockClaim>, key: &LockKey, stale:
     let mut refused = Vec::new();
     for claim in stale {
         match store.delete_if(&claim.name, Precondition::ResourceVersion(&claim.resource_version)).await {
-            Ok(()) => {}
+            Ok(()) => {
+                debug!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, uid = %claim.uid, "dropped a stale claim");
+            }
             Err(CasError::Conflict { .. }) => {
                 debug!(namespace = %key.namespace, lock = %key.name, claim = %claim.name, "a stale claim changed since it was read: judged again once the cache shows it");
                 refused.push(claim);

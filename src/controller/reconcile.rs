@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use kube::ResourceExt;
-use tracing::{info, warn};
+use tracing::{Level, debug, info, warn};
 
 use super::apply::{self, Target};
 use super::context::{Context, LockKey};
 use super::dispatch::Recheck;
 use super::error::Error;
 use super::plan::{self, Setup};
+use super::view::{self, LeaseState};
 use super::{finalize, force_requests, lock_lease, observe, rbac, record};
 use crate::crd::{DistributedLock, MANAGER_CONTROLLER};
 use crate::lease::slot::MAX_PERMITS;
@@ -144,6 +145,7 @@ async fn pass(
     let observed = Instant::now();
     let observation = observe::observe(ctx, lock, key, &leases, observed).await?;
     let plan = plan::plan(&observation);
+    trace_plan(key, &observation, &plan);
     apply::apply(&Target { ctx, lock, key, store, leases: &leases, observed }, plan).await
 }
 
@@ -155,4 +157,36 @@ async fn read_lock(ctx: &Context, key: &LockKey) -> Result<DistributedLock, Erro
         name: key.name.clone(),
         source,
     })
+}
+
+/// What one pass decided from, and what it decided, at debug level: enough to tell why a
+/// lock with waiters was or was not granted.
+fn trace_plan(key: &LockKey, o: &plan::Observation, plan: &plan::Plan) {
+    if !tracing::enabled!(Level::DEBUG) {
+        return;
+    }
+    let slots: Vec<&str> = o
+        .slots
+        .iter()
+        .map(|s| match view::lease_state(s.lease) {
+            LeaseState::Held(_) => "held",
+            LeaseState::Draining(_) => "draining",
+            LeaseState::Free => "free",
+        })
+        .collect();
+    let serveable = o.claims.iter().filter(|w| w.serveable == Some(true)).count();
+    let aged = o.claims.iter().filter(|w| w.unchanged_for >= w.claim.ttl).count();
+    debug!(
+        namespace = %key.namespace,
+        lock = %key.name,
+        ?slots,
+        claims = o.claims.len(),
+        serveable,
+        aged,
+        spent = o.spent.len(),
+        grants = plan.grants.len(),
+        stale = plan.stale.len(),
+        recheck = ?plan.recheck,
+        "planned"
+    );
 }

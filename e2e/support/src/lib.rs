@@ -171,7 +171,7 @@ impl Env {
             .args(["--admin-addr", &admin.to_string(), "--identity", &identity])
             .args(extra)
             .env("KUBECONFIG", kubeconfig.unwrap_or(self.cp.kubeconfig_path()))
-            .env("RUST_LOG", "info,kube=warn");
+            .env("RUST_LOG", std::env::var("LEASEHOLD_E2E_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into()));
         configure(&mut command);
         let process = LeaseholdProcess::spawn(&identity, command, admin);
         process.wait_ready().await;
