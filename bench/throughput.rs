@@ -7,14 +7,17 @@
 //! like the product's own ([`leasehold::kube_client`]), each as a ServiceAccount of its own
 //! (bench/accounts.rs says why not as the admin).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
 use leasehold::claim::Claimant;
-use leasehold::crd::{ClaimMode, DistributedLockSpec};
+use leasehold::crd::{ClaimMode, DistributedLockSpec, LABEL_LOCK, LockClaim};
 use leasehold::lease::Identity;
 
 use crate::observe::Writes;
@@ -72,6 +75,14 @@ const DRAIN: Duration = Duration::from_secs(120);
 /// their Lease watches linger 30 s after their last reader. With 1,000 locks × 10
 /// claimants that is ~10,000 watches and as many withdrawals at once.
 const SETTLE: Duration = Duration::from_secs(180);
+
+/// How long a run's locks get to fall quiet before the next run starts: no claim of theirs
+/// left and no slot Lease of theirs naming a holder. Claimants cut off at the end of
+/// [`DRAIN`] leave claims that age out and grants the controller revokes unconfirmed, one
+/// after another; with 1,000 locks × 10 that took the controller most of a minute after
+/// the claimants' connections had closed, and the next run's window counted those
+/// revocations, their Events and their status writes as its own.
+const QUIET: Duration = Duration::from_secs(300);
 
 /// Open files a run may leave behind (the admin client's connections, the runtime's own).
 const LEFT_OPEN: usize = 256;
@@ -213,6 +224,7 @@ pub async fn run(
         }
     };
     settle(&mut tasks, locks, clients, files_before).await;
+    quiet(admin, env.name(), &names, clients).await?;
     Ok(result)
 }
 
@@ -252,5 +264,42 @@ async fn settle(tasks: &mut tokio::task::JoinSet<()>, locks: usize, clients: usi
         }
         Some(_) => {}
         None => eprintln!("bench: {locks} × {clients}: files still open {} s after the run", SETTLE.as_secs()),
+    }
+}
+
+/// Waits until none of `locks` has a claim left or a slot Lease naming a holder (the
+/// controller has done with the run), at most [`QUIET`]; said on stderr if that took a
+/// second or more, or did not happen. Claims are told apart by their `spec.lock`, Leases
+/// by their lock label: one list of each in the namespace per look.
+async fn quiet(admin: &kube::Client, namespace: &str, locks: &[String], clients: usize) -> anyhow::Result<()> {
+    let names: HashSet<&str> = locks.iter().map(String::as_str).collect();
+    let ours = |lock: &str| names.contains(lock);
+    let claims: Api<LockClaim> = Api::namespaced(admin.clone(), namespace);
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), namespace);
+    let labelled = ListParams::default().labels(LABEL_LOCK);
+    let started = Instant::now();
+    let run = format!("{} × {clients}", locks.len());
+    loop {
+        let claimed = claims.list(&labelled).await?.items.iter().filter(|c| ours(&c.spec.lock)).count();
+        let held = leases
+            .list(&labelled)
+            .await?
+            .items
+            .iter()
+            .filter(|l| l.labels().get(LABEL_LOCK).is_some_and(|lock| ours(lock)))
+            .filter(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty()))
+            .count();
+        let took = started.elapsed();
+        if claimed == 0 && held == 0 {
+            if took >= Duration::from_secs(1) {
+                eprintln!("bench: {run}: the run's locks fell quiet {:.1} s after it", took.as_secs_f64());
+            }
+            return Ok(());
+        }
+        if took >= QUIET {
+            eprintln!("bench: {run}: {claimed} claims and {held} holders left {} s after the run", QUIET.as_secs());
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
