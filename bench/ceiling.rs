@@ -6,8 +6,14 @@
 //! read-modify-replace on a Lease of its own (no two clients share one, so the ceiling is
 //! never spent on conflicts) as fast as its answers come back, for the same warm-up and
 //! window. Leasehold's writes per second are then read as a fraction of it.
+//!
+//! A ceiling can also be measured with watchers: each Lease watched by as many watches as a
+//! lock has claimants in the throughput run (each claimant watches its lock's Lease), so
+//! that every write is sent to that many watchers, as every change of a contended lock's
+//! Lease is. The two ceilings side by side say what sending the changes costs the
+//! apiserver's writes, with nothing of Leasehold's in between.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,21 +33,27 @@ use crate::support::Env;
 /// The label on the ceiling's Leases, so that they are removed in one call afterwards.
 const LABEL: &str = "leasehold-bench/ceiling";
 
-/// One measured ceiling with `clients` clients.
+/// How long the watchers may take to start (each has listed its Lease) before the writes.
+const WATCHERS_READY: Duration = Duration::from_secs(120);
+
+/// One measured ceiling with `clients` clients, each Lease watched by `watchers` watches.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     env: &Env,
     admin: &kube::Client,
     meter: &crate::cpu::Meter,
     background: &Writes,
     clients: usize,
+    watchers: usize,
     warmup: Duration,
     window: Duration,
 ) -> anyhow::Result<Ceiling> {
     let leases: Api<Lease> = env.leases();
-    let names: Vec<String> = (0..clients).map(|i| format!("ceiling{clients}-{i}")).collect();
+    let run = format!("{clients}w{watchers}");
+    let names: Vec<String> = (0..clients).map(|i| format!("ceiling{run}-{i}")).collect();
     let create = |name: &String| {
         let mut lease = crate::floors::floor_lease(name);
-        lease.metadata.labels = Some([(LABEL.to_owned(), clients.to_string())].into());
+        lease.metadata.labels = Some([(LABEL.to_owned(), run.clone())].into());
         let leases = leases.clone();
         async move { leases.create(&PostParams::default(), &lease).await.context("failed to create a ceiling Lease") }
     };
@@ -52,6 +64,8 @@ pub async fn run(
         .await
         .into_iter()
         .collect::<anyhow::Result<Vec<Lease>>>()?;
+
+    let (watches, events) = watch(&leases, &names, watchers).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     // (replace returned, its latency ms) per successful write; 409s and other failures by instant.
@@ -100,9 +114,14 @@ pub async fn run(
         });
     }
     // Each loop ends after its write in flight.
+    let label =
+        if watchers == 0 { format!("ceiling-{clients}") } else { format!("ceiling-{clients}-watched-{watchers}") };
     let ((before, start), (after, end), cpu) =
-        crate::observe::window(admin, meter, (warmup, window), &stop, &mut tasks, Duration::from_secs(60)).await?;
-    let selector = format!("{LABEL}={clients}");
+        crate::observe::window(admin, meter, &label, (warmup, window), &stop, &mut tasks, Duration::from_secs(60))
+            .await?;
+    let watch_events = events.load(Ordering::Relaxed);
+    drop(watches);
+    let selector = format!("{LABEL}={run}");
     leases
         .delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector))
         .await
@@ -110,6 +129,7 @@ pub async fn run(
 
     let inside = |t: &Instant| *t >= start && *t < end;
     let writes = writes.lock().expect("not poisoned");
+    let watch_events_per_write = watch_events as f64 / writes.len().max(1) as f64;
     let in_window: Vec<f64> = writes.iter().filter(|(t, _)| inside(t)).map(|(_, ms)| *ms).collect();
     let conflicts = conflicts.lock().expect("not poisoned").iter().filter(|t| inside(t)).count();
     let errors = errors.lock().expect("not poisoned");
@@ -118,6 +138,8 @@ pub async fn run(
     let counted = Writes::between(&before, &after, seconds).less_background(background);
     Ok(Ceiling {
         clients,
+        watchers_per_lease: watchers,
+        watch_events_per_write,
         writes: in_window.len(),
         seconds,
         per_second: in_window.len() as f64 / seconds,
@@ -129,4 +151,47 @@ pub async fn run(
         cas_ms: Summary::of(&in_window),
         cpu,
     })
+}
+
+/// Starts `watchers` watches of each Lease in `names` (a field selector on its name, as a
+/// claimant watches its lock's Lease) and waits until each has listed it. The watches run
+/// until the returned set is dropped; the counter counts the changes they receive.
+async fn watch(
+    leases: &Api<Lease>,
+    names: &[String],
+    watchers: usize,
+) -> anyhow::Result<(tokio::task::JoinSet<()>, Arc<AtomicUsize>)> {
+    use kube::runtime::watcher;
+    let events = Arc::new(AtomicUsize::new(0));
+    let mut watches = tokio::task::JoinSet::new();
+    let (ready, mut started) = tokio::sync::mpsc::unbounded_channel();
+    for name in names {
+        for _ in 0..watchers {
+            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut stream = watcher(leases.clone(), config).boxed();
+            let (events, ready) = (events.clone(), ready.clone());
+            watches.spawn(async move {
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(watcher::Event::InitDone) => {
+                            let _ = ready.send(());
+                        }
+                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                            events.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) | Err(_) => {}
+                    }
+                }
+            });
+        }
+    }
+    let all = names.len() * watchers;
+    tokio::time::timeout(WATCHERS_READY, async {
+        for _ in 0..all {
+            started.recv().await;
+        }
+    })
+    .await
+    .with_context(|| format!("{all} watches of the ceiling's Leases not all started within {WATCHERS_READY:?}"))?;
+    Ok((watches, events))
 }

@@ -2,9 +2,13 @@
 //! before and after each stretch of a measurement with a known number of grants: CPU
 //! seconds per 1,000 grants, for the controller and for kube-apiserver.
 
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
 use anyhow::Context as _;
 use procfs::process::Process;
 use serde_json::json;
+use tokio::task::JoinHandle;
 
 use crate::record::WriteCount;
 
@@ -73,10 +77,12 @@ impl Tally {
     }
 }
 
-/// Processes whose CPU time is read at both ends of a measuring window.
-#[derive(Clone, Debug, Default)]
+/// Processes whose CPU time is read at both ends of a measuring window, and where to keep
+/// a CPU profile of the apiserver over each window, when one is wanted.
+#[derive(Clone, Default)]
 pub struct Meter {
     processes: Vec<(String, u32)>,
+    profiles: Option<(kube::Client, PathBuf)>,
 }
 
 /// CPU time each process spent in one window.
@@ -88,17 +94,42 @@ pub struct Usage {
     pub cpus: usize,
     /// (process, CPU seconds in the window).
     pub processes: Vec<(String, f64)>,
+    /// The apiserver's CPU in the window by area, from a CPU profile, when one was taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub apiserver: Option<leasehold_harness::profile::Areas>,
 }
 
 impl Meter {
     /// A meter of each `(name, pid)`.
     pub fn new(processes: &[(&str, u32)]) -> Meter {
-        Meter { processes: processes.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect() }
+        Meter { processes: processes.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect(), profiles: None }
     }
 
     /// Each process's CPU time now (a process gone since reads as none).
     pub fn mark(&self) -> Vec<Option<f64>> {
         self.processes.iter().map(|(_, pid)| seconds(*pid).ok()).collect()
+    }
+
+    /// The same meter, also taking a CPU profile of the apiserver `admin` talks to over each
+    /// window, kept in `dir`.
+    pub fn with_profiles(self, admin: &kube::Client, dir: &Path) -> Meter {
+        Meter { profiles: Some((admin.clone(), dir.to_owned())), ..self }
+    }
+
+    /// Starts the apiserver's profile of the window `label` that begins now and lasts
+    /// `window` (whole seconds): a task ending with the profile's file. None when the meter
+    /// takes no profiles.
+    pub fn profile(&self, label: &str, window: Duration) -> Option<JoinHandle<anyhow::Result<PathBuf>>> {
+        let (admin, dir) = self.profiles.clone()?;
+        let name: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+        let file = dir.join(name + ".pb.gz");
+        let seconds = window.as_secs_f64().round().max(1.0) as u64;
+        Some(tokio::spawn(async move {
+            let profile = leasehold_harness::profile::apiserver_cpu_profile(&admin, seconds).await?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+            std::fs::write(&file, profile).with_context(|| format!("failed to write {}", file.display()))?;
+            Ok(file)
+        }))
     }
 
     /// The CPU time spent between `before` and `after`, marks taken `seconds` apart.
@@ -110,7 +141,7 @@ impl Meter {
             .filter_map(|((name, _), (b, a))| Some((name.clone(), (*a)? - (*b)?)))
             .collect();
         let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        Usage { seconds, cpus, processes }
+        Usage { seconds, cpus, processes, apiserver: None }
     }
 }
 

@@ -31,6 +31,7 @@ mod record;
 mod report;
 mod report_ceiling;
 mod report_costs;
+mod report_profile;
 mod request_cost;
 mod rounds;
 mod scale;
@@ -222,7 +223,10 @@ async fn bench() -> anyhow::Result<bool> {
     metered.extend(controller_pid.map(|pid| ("controller", pid)));
     let children = cp.child_pids();
     metered.extend(["kube-apiserver", "etcd"].into_iter().filter_map(|c| cpu::find(&children, c).map(|pid| (c, pid))));
-    let meter = cpu::Meter::new(&metered);
+    let mut meter = cpu::Meter::new(&metered);
+    if plan.apiserver_profiles {
+        meter = meter.with_profiles(&admin, &out.join("apiserver-profiles"));
+    }
     // What each kind of request a grant makes costs the apiserver, in a namespace of its own
     // that no controller reconciles: read against the throughput runs' requests per grant.
     phase(&mut run, began, "apiserver CPU per request, by kind", async {
@@ -243,10 +247,24 @@ async fn bench() -> anyhow::Result<bool> {
         phase(&mut run, began, &name, async {
             let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
             let mut r = Run::default();
-            r.ceilings.push(ceiling::run(&env, &admin, &meter, &background, locks, warmup, window).await?);
+            r.ceilings.push(ceiling::run(&env, &admin, &meter, &background, locks, 0, warmup, window).await?);
             Ok(r)
         })
         .await;
+        // The same ceiling with each Lease watched as a contended lock's Lease is: what
+        // sending every write to its watchers costs the apiserver.
+        if plan.watched_ceilings.contains(&locks) {
+            let watchers = plan.clients_per_lock;
+            let name = format!("apiserver ceiling, {watchers} watchers per Lease: raw Lease CAS, clients: {locks}");
+            phase(&mut run, began, &name, async {
+                let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
+                let mut r = Run::default();
+                r.ceilings
+                    .push(ceiling::run(&env, &admin, &meter, &background, locks, watchers, warmup, window).await?);
+                Ok(r)
+            })
+            .await;
+        }
         let name = format!("Leasehold: throughput, {locks} locks × {} clients", plan.clients_per_lock);
         phase(&mut run, began, &name, async {
             let (clients, warmup, window) = (plan.clients_per_lock, plan.throughput_warmup, plan.throughput_window);

@@ -351,10 +351,12 @@ pub async fn claims_created(
 /// A measuring window over loops already running in `tasks`: waits `warmup`, scrapes the
 /// apiserver's counters and reads `meter`'s processes' CPU time at both ends of `window`,
 /// then sets `stop` and gives the loops `drain` to end (aborting them after that). Returns
-/// the two scrapes, when they were taken, and the CPU time spent between them.
+/// the two scrapes, when they were taken, and the CPU time spent between them (with the
+/// apiserver's CPU by area when the meter takes profiles: the profile is named `label`).
 pub async fn window<T: 'static>(
     admin: &kube::Client,
     meter: &crate::cpu::Meter,
+    label: &str,
     (warmup, window): (Duration, Duration),
     stop: &std::sync::atomic::AtomicBool,
     tasks: &mut tokio::task::JoinSet<T>,
@@ -363,14 +365,20 @@ pub async fn window<T: 'static>(
     tokio::time::sleep(warmup).await;
     let before = (scrape(admin).await?, Instant::now());
     let cpu_before = (meter.mark(), Instant::now());
+    let profile = meter.profile(label, window);
     tokio::time::sleep(window).await;
     let cpu_after = (meter.mark(), Instant::now());
     let after = (scrape(admin).await?, Instant::now());
-    let cpu = meter.usage(&cpu_before.0, &cpu_after.0, (cpu_after.1 - cpu_before.1).as_secs_f64());
+    let mut cpu = meter.usage(&cpu_before.0, &cpu_after.0, (cpu_after.1 - cpu_before.1).as_secs_f64());
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let drained = tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await.is_ok();
     if !drained {
         tasks.abort_all();
+    }
+    // Read after the window and its drain, so that reading it costs the window nothing.
+    if let Some(profile) = profile {
+        let file = profile.await.context("the apiserver's profile task")??;
+        cpu.apiserver = Some(leasehold_harness::profile::areas(file).await?);
     }
     Ok((before, after, cpu))
 }

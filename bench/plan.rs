@@ -113,15 +113,24 @@ pub struct Plan {
     pub scale_timeout: Duration,
     /// Failover samples of each kind on the real node (app container killed, pod deleted).
     pub node_failovers: usize,
+    /// Lock counts whose ceiling is measured again with each Lease watched by
+    /// `clients_per_lock` watches.
+    pub watched_ceilings: Vec<usize>,
+    /// Whether each ceiling and throughput window also takes a CPU profile of the apiserver
+    /// (`LEASEHOLD_BENCH_APISERVER_PROFILE`): sampling costs the apiserver a little CPU of
+    /// its own, so runs compared with earlier ones go without.
+    pub apiserver_profiles: bool,
 }
 
 impl Plan {
     /// The full plan, or the quick one when `LEASEHOLD_BENCH_QUICK` is set (and not `0`);
     /// `LEASEHOLD_BENCH_SCALE_COUNTS` (comma-separated lock counts, ascending) replaces the
-    /// scale phase's counts.
+    /// scale phase's counts; `LEASEHOLD_BENCH_APISERVER_PROFILE` (not `0`) turns the
+    /// apiserver's profiles on.
     pub fn from_env() -> anyhow::Result<Plan> {
-        let quick = std::env::var("LEASEHOLD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let quick = switched_on("LEASEHOLD_BENCH_QUICK");
         let mut plan = if quick { Plan::quick() } else { Plan::full() };
+        plan.apiserver_profiles = switched_on(PROFILES);
         if let Some(counts) = std::env::var(SCALE_COUNTS).ok().filter(|v| !v.trim().is_empty()) {
             plan.scale_counts = scale_counts(&counts).map_err(|e| anyhow::anyhow!("invalid {SCALE_COUNTS}: {e}"))?;
         }
@@ -161,6 +170,8 @@ impl Plan {
             idle_window: Duration::from_secs(30),
             scale_timeout: Duration::from_secs(600),
             node_failovers: 10,
+            watched_ceilings: vec![10, 100],
+            apiserver_profiles: false,
         }
     }
 
@@ -197,9 +208,19 @@ impl Plan {
             idle_window: Duration::from_secs(5),
             scale_timeout: Duration::from_secs(240),
             node_failovers: 2,
+            watched_ceilings: vec![10],
+            apiserver_profiles: false,
         }
     }
 }
+
+/// Whether variable `name` is set to anything but nothing or `0`.
+fn switched_on(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The variable that turns the apiserver's CPU profiles on.
+const PROFILES: &str = "LEASEHOLD_BENCH_APISERVER_PROFILE";
 
 /// The variable that replaces the scale phase's lock counts.
 const SCALE_COUNTS: &str = "LEASEHOLD_BENCH_SCALE_COUNTS";

@@ -124,6 +124,10 @@ pub struct RequestCost {
 pub struct Ceiling {
     /// Clients, one Lease each (as many as the throughput run with that many locks has).
     pub clients: usize,
+    /// Watches of each Lease (0: none), as a contended lock's claimants watch its Lease.
+    pub watchers_per_lease: usize,
+    /// Changes the watches received per write, over the whole run (warm-up included).
+    pub watch_events_per_write: f64,
     /// Successful writes (replace returned) inside the window.
     pub writes: usize,
     /// Window, seconds.
@@ -144,6 +148,16 @@ pub struct Ceiling {
     pub cas_ms: Summary,
     /// CPU time of the apiserver, etcd, the controller and this process in the window.
     pub cpu: crate::cpu::Usage,
+}
+
+impl Ceiling {
+    /// How the report names this ceiling's window.
+    pub fn label(&self) -> String {
+        match self.watchers_per_lease {
+            0 => format!("ceiling, {} clients", self.clients),
+            w => format!("ceiling, {} clients, {w} watchers per Lease", self.clients),
+        }
+    }
 }
 
 /// A count of apiserver writes.
@@ -219,6 +233,11 @@ pub struct Run {
 }
 
 impl Run {
+    /// The ceiling without watchers from `clients` clients: the one throughput is read against.
+    pub fn ceiling(&self, clients: usize) -> Option<&Ceiling> {
+        self.ceilings.iter().find(|c| c.clients == clients && c.watchers_per_lease == 0)
+    }
+
     /// The series with `key`.
     pub fn series(&self, key: &str) -> Option<&Series> {
         self.series.iter().find(|s| s.key == key)

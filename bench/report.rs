@@ -390,7 +390,7 @@ fn held_writes(run: &Run) -> Verdict {
 /// Leasehold's apiserver writes per second (`cycles/s × writes per grant`) with `locks`
 /// mutexes, and that as a fraction of the raw CAS ceiling with as many clients.
 pub fn ceiling_fraction(run: &Run, t: &crate::record::Throughput) -> Option<(f64, f64)> {
-    let ceiling = run.ceilings.iter().find(|c| c.clients == t.locks)?;
+    let ceiling = run.ceiling(t.locks)?;
     let writes = t.per_second * t.writes_per_cycle;
     Some((writes, writes / ceiling.per_second))
 }
@@ -402,7 +402,7 @@ fn throughput_vs_ceiling(run: &Run) -> Vec<Verdict> {
         .iter()
         .filter(|t| t.permits == 1 && t.writers_per_lock == 0)
         .filter_map(|t| {
-            let ceiling = run.ceilings.iter().find(|c| c.clients == t.locks)?;
+            let ceiling = run.ceiling(t.locks)?;
             let (writes, fraction) = ceiling_fraction(run, t)?;
             let target = format!(
                 "Throughput, {} × {} claimants: apiserver writes/s ≥ {:.0} % of its raw CAS ceiling from {}",
@@ -650,13 +650,14 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     if !run.ceilings.is_empty() {
         let _ = writeln!(
             w,
-            "\n## Apiserver write ceiling (raw Lease CAS, beside the throughput)\n\nAs many clients as the throughput run with as many locks (one per lock), each built like the product's and authenticated as a ServiceAccount of its own (as the claimants are), each looping read-modify-replace on a Lease of its own (none shared) as fast as answers come, for the same warm-up and window.\n\n| clients (one Lease each) | CAS writes/s | writes | window (s) | replace p50 / p99 (ms) | 409s | errors | apiserver writes/s (counters, background removed) | by kind per second |\n|---|--:|--:|--:|--:|--:|--:|--:|---|"
+            "\n## Apiserver write ceiling (raw Lease CAS, beside the throughput)\n\nAs many clients as the throughput run with as many locks (one per lock), each built like the product's and authenticated as a ServiceAccount of its own (as the claimants are), each looping read-modify-replace on a Lease of its own (none shared) as fast as answers come, for the same warm-up and window. Some ceilings are measured again with each Lease watched by as many watches as a lock has claimants in the throughput run (a field selector on its name, as a claimant watches its lock's Lease), so that every write is sent to that many watchers: the last column is that ceiling as a fraction of the one without watchers.\n\n| clients (one Lease each) | watchers per Lease | CAS writes/s | writes | window (s) | replace p50 / p99 (ms) | 409s | errors | apiserver writes/s (counters, background removed) | by kind per second | changes received per write | of the ceiling without watchers |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|"
         );
         for c in &run.ceilings {
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {:.1} | {} / {} | {} | {}{} | {} | {} |",
+                "| {} | {} | {} | {} | {:.1} | {} / {} | {} | {}{} | {} | {} | {} | {} |",
                 c.clients,
+                c.watchers_per_lease,
                 num(c.per_second),
                 c.writes,
                 c.seconds,
@@ -666,12 +667,18 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
                 c.errors,
                 c.first_error.as_ref().map_or(String::new(), |e| format!(" (e.g. {})", e.replace('|', "\\|"))),
                 num(c.apiserver_writes_per_second),
-                c.breakdown
+                c.breakdown,
+                num(c.watch_events_per_write),
+                match (c.watchers_per_lease, run.ceiling(c.clients)) {
+                    (0, _) | (_, None) => "—".to_owned(),
+                    (_, Some(bare)) => format!("{:.0} %", c.per_second * 100.0 / bare.per_second),
+                }
             );
         }
     }
 
     cpu_table(w, run);
+    crate::report_profile::table(w, run);
     crate::report_ceiling::table(w, run);
     crate::report_costs::tables(w, run);
 
@@ -766,7 +773,7 @@ fn cpu_table(w: &mut String, run: &Run) {
         "\n## Where the CPU goes (ceiling and throughput windows)\n\nEach process's CPU time (`utime + stime` of `/proc/<pid>/stat`) in the measuring window, as a percentage of one CPU: this machine has {cpus}, so {} % is all of it. \"bench\" is this process: the throughput run's claimants or the ceiling's clients. \"rest\" is what none of these used: idle, the kernel, the controller-manager, the idle sidecars. The last column is the apiserver's CPU time per grant (throughput) or per successful CAS write (ceiling).\n\n| window | kube-apiserver | etcd | controller | bench | rest | apiserver CPU per grant or write (ms) |\n|---|--:|--:|--:|--:|--:|--:|",
         cpus * 100
     );
-    let rows = run.ceilings.iter().map(|c| (format!("ceiling, {} clients", c.clients), &c.cpu, c.writes)).chain(
+    let rows = run.ceilings.iter().map(|c| (c.label(), &c.cpu, c.writes)).chain(
         run.throughput
             .iter()
             .map(|t| (format!("throughput, {} × {}{}", t.locks, t.clients_per_lock, shape(t)), &t.cpu, t.cycles)),

@@ -50,7 +50,7 @@ pub fn table(w: &mut String, run: &Run) {
         .throughput
         .iter()
         .filter_map(|t| {
-            let c = run.ceilings.iter().find(|c| c.clients == t.locks)?;
+            let c = run.ceiling(t.locks)?;
             Some((t, Factors::of(t, c)?, ceiling_fraction(run, t)?.1))
         })
         .collect();

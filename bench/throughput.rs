@@ -173,8 +173,16 @@ pub async fn run(
     let turned = turned_over(&cycles, claimed, locks * clients, TURNED).await;
     let wait = first.saturating_duration_since(Instant::now());
     // Everyone still queued is granted in turn and leaves; give that a bounded time.
-    let ((before, start), (after, end), cpu) =
-        crate::observe::window(admin, meter, (wait, window), &stop, &mut tasks, DRAIN).await?;
+    let ((before, start), (after, end), cpu) = crate::observe::window(
+        admin,
+        meter,
+        &format!("throughput-{prefix}x{clients}"),
+        (wait, window),
+        &stop,
+        &mut tasks,
+        DRAIN,
+    )
+    .await?;
 
     // The sample lists' mutex guards end here, before the wait for the leftovers.
     let result = {

@@ -17,6 +17,8 @@
 //! blackhole) between one client and one server, and [`postgres::Postgres`] runs a
 //! throwaway PostgreSQL server for resource-side fencing tests and examples.
 //!
+//! [`profile`] reads where kube-apiserver's CPU goes from a CPU profile of it.
+//!
 //! [`node`] adds a real node (kubelet, containerd, kube-proxy, kube-scheduler) in network
 //! and mount namespaces of its own, for tests that run Leasehold in real pods.
 //!
@@ -34,6 +36,7 @@ pub mod node;
 mod pki;
 pub mod postgres;
 pub mod process;
+pub mod profile;
 pub mod schemas;
 mod startup;
 mod wait;
