@@ -161,14 +161,16 @@ async fn watch(
     names: &[String],
     watchers: usize,
 ) -> anyhow::Result<(tokio::task::JoinSet<()>, Arc<AtomicUsize>)> {
-    use kube::runtime::watcher;
+    use kube::runtime::{WatchStreamExt as _, watcher};
     let events = Arc::new(AtomicUsize::new(0));
     let mut watches = tokio::task::JoinSet::new();
     let (ready, mut started) = tokio::sync::mpsc::unbounded_channel();
     for name in names {
         for _ in 0..watchers {
             let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-            let mut stream = watcher(leases.clone(), config).boxed();
+            // Backing off after an error, as a claimant's watch does, rather than re-listing
+            // in a tight loop that would count against the ceiling.
+            let mut stream = watcher(leases.clone(), config).default_backoff().boxed();
             let (events, ready) = (events.clone(), ready.clone());
             watches.spawn(async move {
                 while let Some(event) = stream.next().await {
