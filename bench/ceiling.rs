@@ -114,11 +114,16 @@ pub async fn run(
         });
     }
     // Each loop ends after its write in flight.
-    let label =
-        if watchers == 0 { format!("ceiling-{clients}") } else { format!("ceiling-{clients}-watched-{watchers}") };
-    let ((before, start), (after, end), cpu) =
-        crate::observe::window(admin, meter, &label, (warmup, window), &stop, &mut tasks, Duration::from_secs(60))
-            .await?;
+    let ((before, start), (after, end), cpu) = crate::observe::window(
+        admin,
+        meter,
+        &format!("ceiling-{run}"),
+        (warmup, window),
+        &stop,
+        &mut tasks,
+        Duration::from_secs(60),
+    )
+    .await?;
     let watch_events = events.load(Ordering::Relaxed);
     drop(watches);
     let selector = format!("{LABEL}={run}");

@@ -773,11 +773,11 @@ fn cpu_table(w: &mut String, run: &Run) {
         "\n## Where the CPU goes (ceiling and throughput windows)\n\nEach process's CPU time (`utime + stime` of `/proc/<pid>/stat`) in the measuring window, as a percentage of one CPU: this machine has {cpus}, so {} % is all of it. \"bench\" is this process: the throughput run's claimants or the ceiling's clients. \"rest\" is what none of these used: idle, the kernel, the controller-manager, the idle sidecars. The last column is the apiserver's CPU time per grant (throughput) or per successful CAS write (ceiling).\n\n| window | kube-apiserver | etcd | controller | bench | rest | apiserver CPU per grant or write (ms) |\n|---|--:|--:|--:|--:|--:|--:|",
         cpus * 100
     );
-    let rows = run.ceilings.iter().map(|c| (c.label(), &c.cpu, c.writes)).chain(
-        run.throughput
-            .iter()
-            .map(|t| (format!("throughput, {} × {}{}", t.locks, t.clients_per_lock, shape(t)), &t.cpu, t.cycles)),
-    );
+    let rows = run
+        .ceilings
+        .iter()
+        .map(|c| (c.label(), &c.cpu, c.writes))
+        .chain(run.throughput.iter().map(|t| (window_label(t), &t.cpu, t.cycles)));
     for (what, cpu, done) in rows {
         let pct = |name: &str| cpu.percent(name).map_or("—".into(), |p| format!("{p:.0} %"));
         let used: f64 = cpu.processes.iter().map(|(_, s)| s).sum::<f64>() * 100.0 / cpu.seconds;
@@ -792,6 +792,11 @@ fn cpu_table(w: &mut String, run: &Run) {
             (cpus * 100) as f64 - used
         );
     }
+}
+
+/// How the report names a throughput run's window: "throughput, 100 × 10 (10 permits)".
+pub fn window_label(t: &crate::record::Throughput) -> String {
+    format!("throughput, {} × {}{}", t.locks, t.clients_per_lock, shape(t))
 }
 
 /// A throughput row's locks, when they are not mutexes: " (10 permits)", " (10 permits,

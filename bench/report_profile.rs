@@ -14,10 +14,11 @@ pub fn table(w: &mut String, run: &Run) {
         .ceilings
         .iter()
         .filter_map(|c| Some((c.label(), c.cpu.apiserver.as_ref()?, c.writes)))
-        .chain(run.throughput.iter().filter_map(|t| {
-            let label = format!("throughput, {} × {}{}", t.locks, t.clients_per_lock, crate::report::shape(t));
-            Some((label, t.cpu.apiserver.as_ref()?, t.cycles))
-        }))
+        .chain(
+            run.throughput
+                .iter()
+                .filter_map(|t| Some((crate::report::window_label(t), t.cpu.apiserver.as_ref()?, t.cycles))),
+        )
         .collect();
     if rows.is_empty() {
         return;

@@ -17,6 +17,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use leasehold::claim::Claimant;
+use leasehold::claim::edit::holder;
 use leasehold::crd::{ClaimMode, DistributedLockSpec, LABEL_LOCK, LockClaim};
 use leasehold::lease::Identity;
 
@@ -295,7 +296,7 @@ async fn quiet(admin: &kube::Client, namespace: &str, locks: &[String], clients:
             .items
             .iter()
             .filter(|l| l.labels().get(LABEL_LOCK).is_some_and(|lock| ours(lock)))
-            .filter(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty()))
+            .filter(|l| holder(l).is_some())
             .count();
         let took = started.elapsed();
         if claimed == 0 && held == 0 {
