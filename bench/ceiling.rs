@@ -8,9 +8,9 @@
 //! window. Leasehold's writes per second are then read as a fraction of it.
 //!
 //! A ceiling can also be measured with watchers: each Lease watched by as many watches as a
-//! lock has claimants in the throughput run (each claimant watches its lock's Lease), so
-//! that every write is sent to that many watchers, as every change of a contended lock's
-//! Lease is. The two ceilings side by side say what sending the changes costs the
+//! lock has claimants in the throughput run, each the watch a claimant keeps of its lock's
+//! Lease (`leasehold::claim::lease_states`), so that every write is sent to that many
+//! watchers, as every change of a contended lock's Lease is. The two ceilings side by side say what sending the changes costs the
 //! apiserver's writes, with nothing of Leasehold's in between.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,6 +24,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use leasehold::lease::unmanaged::UnmanagedLease;
 
 use crate::observe::Writes;
 use crate::record::Ceiling;
@@ -65,7 +66,7 @@ pub async fn run(
         .into_iter()
         .collect::<anyhow::Result<Vec<Lease>>>()?;
 
-    let (watches, events) = watch(&leases, &names, watchers).await?;
+    let (watches, events) = watch(&Api::namespaced(leases.clone().into_client(), env.name()), &names, watchers).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     // (replace returned, its latency ms) per successful write; 409s and other failures by instant.
@@ -158,36 +159,29 @@ pub async fn run(
     })
 }
 
-/// Starts `watchers` watches of each Lease in `names` (a field selector on its name, as a
-/// claimant watches its lock's Lease) and waits until each has listed it. The watches run
-/// until the returned set is dropped; the counter counts the changes they receive.
+/// Starts `watchers` watches of each Lease in `names`, each a claimant's own
+/// ([`leasehold::claim::lease_states`]: a field selector on the Lease's name, the
+/// claimant's backoff, each state parsed as a claimant parses it), and waits until each has
+/// listed its Lease. The watches run until the returned set is dropped; the counter counts
+/// the states they receive after their list (a re-list after an error counts as one).
 async fn watch(
-    leases: &Api<Lease>,
+    leases: &Api<UnmanagedLease>,
     names: &[String],
     watchers: usize,
 ) -> anyhow::Result<(tokio::task::JoinSet<()>, Arc<AtomicUsize>)> {
-    use kube::runtime::{WatchStreamExt as _, watcher};
     let events = Arc::new(AtomicUsize::new(0));
     let mut watches = tokio::task::JoinSet::new();
     let (ready, mut started) = tokio::sync::mpsc::unbounded_channel();
     for name in names {
         for _ in 0..watchers {
-            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-            // Backing off after an error, as a claimant's watch does, rather than re-listing
-            // in a tight loop that would count against the ceiling.
-            let mut stream = watcher(leases.clone(), config).default_backoff().boxed();
+            let mut states = leasehold::claim::lease_states(leases.clone(), name).boxed();
             let (events, ready) = (events.clone(), ready.clone());
             watches.spawn(async move {
-                while let Some(event) = stream.next().await {
-                    match event {
-                        Ok(watcher::Event::InitDone) => {
-                            let _ = ready.send(());
-                        }
-                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                            events.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(_) | Err(_) => {}
-                    }
+                if states.next().await.is_some() {
+                    let _ = ready.send(());
+                }
+                while states.next().await.is_some() {
+                    events.fetch_add(1, Ordering::Relaxed);
                 }
             });
         }

@@ -15,21 +15,25 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::debug;
 
-/// Watches Lease `name`. Yields its state after the initial list and after every event.
-pub fn lease_states(api: Api<Lease>, name: &str) -> impl Stream<Item = Option<Lease>> + Send + 'static {
+use crate::lease::unmanaged::UnmanagedLease;
+
+/// Watches Lease `name`. Yields its state after the initial list and after every event,
+/// without its field managers ([`UnmanagedLease`]): every change reaches every claimant
+/// waiting on the lock, and those are most of what a claimant would parse.
+pub fn lease_states(api: Api<UnmanagedLease>, name: &str) -> impl Stream<Item = Option<Lease>> + Send + 'static {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let name = name.to_owned();
     watcher(api, config)
         .backoff(crate::lease::watch_backoff())
         .scan(None::<Option<Lease>>, move |init, event| {
             let out = match event {
-                Ok(watcher::Event::Apply(lease)) => Some(Some(lease)),
+                Ok(watcher::Event::Apply(UnmanagedLease(lease))) => Some(Some(lease)),
                 Ok(watcher::Event::Delete(_)) => Some(None),
                 Ok(watcher::Event::Init) => {
                     *init = Some(None);
                     None
                 }
-                Ok(watcher::Event::InitApply(lease)) => {
+                Ok(watcher::Event::InitApply(UnmanagedLease(lease))) => {
                     *init = Some(Some(lease));
                     None
                 }
@@ -84,7 +88,7 @@ impl Drop for Reader {
 
 impl LeaseWatches {
     /// Watches of Leases in `api`'s namespace.
-    pub fn new(api: Api<Lease>) -> LeaseWatches {
+    pub fn new(api: Api<UnmanagedLease>) -> LeaseWatches {
         LeaseWatches::from_source(Arc::new(move |name: &str| lease_states(api.clone(), name).boxed()))
     }
 

@@ -12,6 +12,7 @@ pub mod revoke;
 pub mod slot;
 pub mod timing;
 pub mod token;
+pub mod unmanaged;
 
 pub use cas::{CasError, CasStore, LeaseStore, Precondition};
 
