@@ -10,8 +10,9 @@
 //! A ceiling can also be measured with watchers: each Lease watched by as many watches as a
 //! lock has claimants in the throughput run, each the watch a claimant keeps of its lock's
 //! Lease (`leasehold::claim::lease_states`), so that every write is sent to that many
-//! watchers, as every change of a contended lock's Lease is. The two ceilings side by side say what sending the changes costs the
-//! apiserver's writes, with nothing of Leasehold's in between.
+//! watchers, as every change of a contended lock's Lease is. The two ceilings side by side
+//! say what sending the changes costs the apiserver's writes, with nothing of Leasehold's
+//! in between.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
