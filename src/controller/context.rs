@@ -240,7 +240,9 @@ pub struct Context {
     /// Cached LockClaims.
     pub claims: Store<LockClaim>,
     /// The cached LockClaims' names by lock.
-    pub claim_index: Arc<Mutex<super::claim_index::ClaimIndex>>,
+    pub claim_index: Arc<Mutex<super::index::ClaimIndex>>,
+    /// The cached lock Leases' slots by lock.
+    pub slot_index: Arc<Mutex<super::index::SlotIndex>>,
     /// Cached ForceReleaseRequests.
     pub requests: Store<ForceReleaseRequest>,
     /// Cached Pod metadata.

@@ -12,7 +12,6 @@
 pub mod apply;
 pub mod build;
 pub mod caches;
-pub mod claim_index;
 pub mod claims;
 pub mod clocks;
 pub mod coalesce;
@@ -26,6 +25,7 @@ pub mod events;
 pub mod finalize;
 pub mod force;
 pub mod force_requests;
+pub mod index;
 pub mod lock_lease;
 pub mod observe;
 pub mod oldest_hold;
@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -66,12 +66,13 @@ use tracing::info;
 use crate::crd::{DistributedLock, ForceReleaseRequest, LABEL_LOCK, LockClaim};
 use crate::duration::parse_duration;
 use crate::lease::election::{Elector, Leadership};
+use crate::lease::unmanaged::{UnmanagedLease, lease_event};
 use crate::lease::{LeaseStore, Timing};
 use crate::metrics::{ControllerMetrics, WebhookMetrics};
 use crate::supervise::Completion;
 use caches::Synced;
-use claim_index::ClaimIndex;
 use context::{Context, LockKey, Settings};
+use index::{ClaimIndex, SlotIndex};
 
 /// `leasehold controller` settings.
 #[derive(Clone, Debug, clap::Args)]
@@ -193,15 +194,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ns = config.namespace.as_deref();
     let synced = Synced::default();
     let (leases, lease_writer) = reflector::store::<Lease>();
+    let slot_index = Arc::new(Mutex::new(SlotIndex::slots()));
     // Re-lists read the latest (the default list semantic), so a cached Lease never goes
     // back to an older version: `lock_lease::caught_up` relies on it.
-    let lease_stream = watcher(scoped::<Lease>(&client, ns), watcher::Config::default().labels(LABEL_LOCK))
+    // Parsed without their field managers, which the cache would drop anyway ([`trim`]).
+    let lease_stream = watcher(scoped::<UnmanagedLease>(&client, ns), watcher::Config::default().labels(LABEL_LOCK))
         .backoff(crate::lease::watch_backoff())
-        .modify(trim::forget_field_managers)
+        .map_ok(lease_event)
         .reflect(lease_writer)
+        // After the cache, before the reconcile the event triggers, as for claims.
+        .inspect(SlotIndex::follower(slot_index.clone()))
         .inspect(synced.marker("leases"));
     let (claims, claim_writer) = reflector::store::<LockClaim>();
-    let claim_index = Arc::new(Mutex::new(ClaimIndex::default()));
+    let claim_index = Arc::new(Mutex::new(ClaimIndex::claims()));
     let claim_stream = watcher(scoped::<LockClaim>(&client, ns), watcher::Config::default())
         .backoff(crate::lease::watch_backoff())
         .modify(trim::forget_unread)
@@ -242,6 +247,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         leases: leases.clone(),
         claims: claims.clone(),
         claim_index,
+        slot_index,
         pods: pods.clone(),
         requests: requests.clone(),
         metrics: metrics.clone(),

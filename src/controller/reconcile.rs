@@ -18,7 +18,6 @@ use super::plan::{self, Setup};
 use super::view::{self, LeaseState};
 use super::{finalize, force_requests, lock_lease, observe, rbac, record};
 use crate::crd::{DistributedLock, MANAGER_CONTROLLER};
-use crate::lease::slot::MAX_PERMITS;
 use crate::lease::{CasError, LeaseStore};
 
 /// Reconciles one lock, if this replica leads.
@@ -93,11 +92,13 @@ async fn pass(
     // A Lease re-created from status, read afresh (below); kept for every slot.
     let mut recovering: Option<DistributedLock> = None;
     let mut leases = Vec::new();
-    for slot in 0..MAX_PERMITS {
+    // Above the permits (the lock shrank), only the slots whose Lease the cache holds.
+    let above = ctx.slot_index.lock().expect("a cache index is never poisoned").slots_from(key, permits);
+    for slot in (0..permits).chain(above) {
         let found = if slot < permits {
             lock_lease::current(ctx, &uid, key, slot, store, fresh).await?
         } else {
-            // Above the permits (the lock shrank): only a slot Lease that still exists.
+            // Only a slot Lease that still exists.
             match lock_lease::cached(ctx, &uid, key, slot) {
                 Some(_) if fresh => store.get(&crate::lease::slot::lease_name(&key.name, slot)).await?,
                 found => found,

@@ -3,7 +3,7 @@
 //!
 //! kube's reflector applies a watch's events to its cache as they come, except those of a
 //! list: they are buffered and swapped in whole at the list's end, as is the claim index
-//! ([`super::claim_index`]). A watch lists again whenever it cannot resume (an apiserver
+//! ([`super::index`]). A watch lists again whenever it cannot resume (an apiserver
 //! restart, a version compacted away). A lock made due by an object of a list still in
 //! progress would be judged from the cache as it was before: a lock created while the
 //! watch was down not found at all, a claim not seen yet. Nothing would make it due again,

@@ -4,8 +4,10 @@
 //! the largest part of a small object once parsed (a tree of maps per manager). They are
 //! dropped — the list itself, not only its entries, so that no buffer stays behind — from
 //! every object a watch cache keeps and from every Lease the controller remembers having
-//! written. Writing such a Lease back is unchanged: the apiserver keeps an object's field
-//! managers when an update carries none.
+//! written; the lock Lease watch parses its Leases without them in the first place
+//! (`lease::unmanaged`), as every renewal of every lock reaches it. Writing such a Lease
+//! back is unchanged: the apiserver keeps an object's field managers when an update
+//! carries none.
 //!
 //! `kubectl apply` keeps a copy of the whole applied object in an annotation of its own
 //! ([`LAST_APPLIED`]), as large again as what was applied. Nothing here reads it, and the

@@ -6,17 +6,19 @@
 //! reads, and which cost as much again to free as to build. [`UnmanagedLease`] parses past
 //! them without building anything. A Lease read this way and written back carries no field
 //! managers, and the apiserver then keeps the ones it has (as for the controller's trimmed
-//! copies).
+//! copies). The controller's cache of lock Leases is fed the same way ([`lease_event`]):
+//! every renewal of every lock reaches it.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
 
 /// A Lease as the apiserver sends it, with `metadata.managedFields` skipped while parsing.
 /// It reads and watches as a Lease does (`kube::Api<UnmanagedLease>` addresses Leases).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct UnmanagedLease(pub Lease);
 
 impl k8s_openapi::Resource for UnmanagedLease {
@@ -44,6 +46,17 @@ impl<'de> Deserialize<'de> for UnmanagedLease {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let Body { metadata, spec } = Body::deserialize(deserializer)?;
         Ok(UnmanagedLease(Lease { metadata: metadata.into(), spec }))
+    }
+}
+
+/// A watch event of Leases read without their field managers, as the Leases it carries.
+pub fn lease_event(event: watcher::Event<UnmanagedLease>) -> watcher::Event<Lease> {
+    match event {
+        watcher::Event::Apply(UnmanagedLease(lease)) => watcher::Event::Apply(lease),
+        watcher::Event::Delete(UnmanagedLease(lease)) => watcher::Event::Delete(lease),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(UnmanagedLease(lease)) => watcher::Event::InitApply(lease),
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 
@@ -200,5 +213,30 @@ mod tests {
         assert_eq!(UnmanagedLease::api_version(&()), Lease::api_version(&()));
         assert_eq!(UnmanagedLease::plural(&()), Lease::plural(&()));
         assert_eq!(UnmanagedLease::url_path(&(), Some("apps")), Lease::url_path(&(), Some("apps")));
+    }
+
+    #[test]
+    fn a_watch_event_carries_the_same_lease_in_the_same_kind_of_event() {
+        let lease = || {
+            let mut lease = full_lease();
+            lease.metadata.managed_fields = None;
+            lease
+        };
+        let table: [(&str, watcher::Event<UnmanagedLease>, watcher::Event<Lease>); 5] = [
+            ("apply", watcher::Event::Apply(UnmanagedLease(lease())), watcher::Event::Apply(lease())),
+            ("delete", watcher::Event::Delete(UnmanagedLease(lease())), watcher::Event::Delete(lease())),
+            ("init", watcher::Event::Init, watcher::Event::Init),
+            ("init apply", watcher::Event::InitApply(UnmanagedLease(lease())), watcher::Event::InitApply(lease())),
+            ("init done", watcher::Event::InitDone, watcher::Event::InitDone),
+        ];
+        for (name, event, expected) in table {
+            let got = lease_event(event);
+            assert_eq!(std::mem::discriminant(&got), std::mem::discriminant(&expected), "{name}");
+            let leases = |e: watcher::Event<Lease>| match e {
+                watcher::Event::Apply(l) | watcher::Event::Delete(l) | watcher::Event::InitApply(l) => Some(l),
+                watcher::Event::Init | watcher::Event::InitDone => None,
+            };
+            assert_eq!(leases(got), leases(expected), "{name}");
+        }
     }
 }
