@@ -1,5 +1,6 @@
 //! `leasehold check`: whether an installation can work, asked of the API server the way
-//! the real requests go — the chart runs it as its `helm test`. It checks:
+//! the real requests go — the chart runs it as its `helm test`, and after installs and
+//! upgrades. It checks:
 //! - the Kubernetes version is one Leasehold supports ([`OLDEST_SUPPORTED`]);
 //! - the three CRDs are established and serve `v1alpha1`;
 //! - the webhook configurations exist and every webhook carries a CA bundle;
@@ -19,9 +20,13 @@
 //!   bindings) is installed.
 //!
 //! Every finding is printed as `ok`, `WARN` or `FAIL` with what was found, and a fix where
-//! one is known; the exit status is 1 if any failed (warnings do not fail).
+//! one is known; the exit status is 1 if any failed (warnings do not fail). With `--wait`,
+//! the checks run again until none fails or the wait is over, and the last round is
+//! printed: the chart's install check waits so for a release to be usable.
 
 mod install;
+
+use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -74,6 +79,37 @@ pub struct Config {
         crate::webhook::guard::claim::POLICY_NAME.to_owned(),
     ])]
     pub guard_policies: Vec<String>,
+    /// Check again, a second after each round, until no check fails or this long has
+    /// passed (`2m`; no round starts after it); `0s` checks once. For an installation just
+    /// made: the API server reaches the webhooks only once their Service routes to the
+    /// ready replicas, a moment after they are Ready.
+    #[arg(long, value_parser = crate::duration::parse_duration, default_value = "0s")]
+    pub wait: Duration,
+}
+
+/// The pause between two rounds of checks under `--wait`.
+const AGAIN_AFTER: Duration = Duration::from_secs(1);
+
+/// Whether to check again: something failed, and another round fits in the `left` of the
+/// wait.
+pub fn check_again(findings: &[Finding], left: Duration) -> bool {
+    findings.iter().any(Finding::failed) && left >= AGAIN_AFTER
+}
+
+/// Runs every check ([`run`]), round after round until none fails or `config.wait` has
+/// passed; the findings of the last round. Each round that had failures names them on
+/// stderr, so that a wait that ran out says what it waited for.
+pub async fn run_until_passing(config: &Config) -> anyhow::Result<Vec<Finding>> {
+    let deadline = tokio::time::Instant::now() + config.wait;
+    loop {
+        let findings = run(config).await?;
+        if !check_again(&findings, deadline.saturating_duration_since(tokio::time::Instant::now())) {
+            return Ok(findings);
+        }
+        let failing: Vec<&str> = findings.iter().filter(|f| f.failed()).map(|f| f.what.as_str()).collect();
+        eprintln!("leasehold check: waiting for {}", failing.join(", "));
+        tokio::time::sleep(AGAIN_AFTER).await;
+    }
 }
 
 /// How a checked fact stands.
@@ -389,6 +425,26 @@ mod tests {
             assert_eq!(finding.level == Level::Ok, ok, "{major}.{minor}: {finding}");
         }
         assert!(version_finding("1", "29", "v1.29.15").detail.contains("older than 1.30"));
+    }
+
+    #[test]
+    fn checks_again_only_while_something_fails_and_another_round_fits_in_the_wait() {
+        let ok = || Finding::ok("a", "fine");
+        let warned = || Finding::warn("b", "soon");
+        let failed = || Finding::fail("c", "broken");
+        let second = Duration::from_secs(1);
+        let cases: [(Vec<Finding>, Duration, bool); 7] = [
+            (vec![], Duration::from_secs(60), false),
+            (vec![ok(), warned()], Duration::from_secs(60), false),
+            (vec![ok(), failed()], Duration::from_secs(60), true),
+            (vec![failed()], second, true),
+            (vec![failed()], second - Duration::from_millis(1), false),
+            (vec![failed()], Duration::ZERO, false),
+            (vec![warned(), failed()], Duration::from_secs(2), true),
+        ];
+        for (findings, left, again) in cases {
+            assert_eq!(check_again(&findings, left), again, "{findings:?} with {left:?} left");
+        }
     }
 
     #[test]

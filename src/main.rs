@@ -65,8 +65,9 @@ enum Command {
     Wait(leasehold::cli::wait::Wait),
     /// Check an installation: Kubernetes version, CRDs, a controller replica leading, webhook
     /// CA bundles (present, valid, not near expiry), the Lease guard, and that the API server
-    /// reaches every webhook (dry-run probes). Exit 1 if any check fails. The chart runs it
-    /// as `helm test`.
+    /// reaches every webhook (dry-run probes). Exit 1 if any check fails (with `--wait 2m`,
+    /// if any still fails after two minutes of rounds). The chart runs it as `helm test`,
+    /// and after installs and upgrades until every check passes.
     Check(leasehold::check::Config),
     /// Print the CustomResourceDefinitions (YAML), or their reference (Markdown).
     Crd {
@@ -141,7 +142,7 @@ fn main() -> anyhow::Result<()> {
         Command::Deny(args) => one_shot("deny", leasehold::cli::request::deny(args)),
         Command::Check(config) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            match runtime.block_on(leasehold::check::run(&config)) {
+            match runtime.block_on(leasehold::check::run_until_passing(&config)) {
                 Ok(findings) => {
                     for finding in &findings {
                         println!("{finding}");

@@ -75,26 +75,15 @@ async fn helm_upgrade_under_contention_keeps_holds_and_tokens_and_uninstall_keep
     let node = node();
     installed();
     let admin = node.admin_client().await;
+    // The README's `helm install` returned once its install check passed: the API server
+    // reaches the injection webhook through its Service, so an opted-in Pod created now,
+    // with no wait, gets its sidecar.
+    let right_after = e2e_support::admission::injects(&Api::namespaced(admin.clone(), "default"), "probe").await;
+    assert_eq!(right_after, Ok(true), "an opted-in Pod created right after helm install");
     let ns = node.namespace("upgrade").await;
     lock(&admin, &ns.name, "long").await;
     lock(&admin, &ns.name, "busy").await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns.name);
-    // `helm install --wait` waits for Ready controller pods; the webhooks' Service reaches
-    // them once kube-proxy has their endpoints, and opted-in Pods are admitted from then on.
-    leasehold_harness::eventually(
-        "the injection webhook reachable through its Service",
-        Duration::from_secs(60),
-        || {
-            let pods = pods.clone();
-            async move {
-                e2e_support::admission::injects(&pods, "probe")
-                    .await?
-                    .then_some(())
-                    .ok_or("no sidecar injected".to_owned())
-            }
-        },
-    )
-    .await;
     let leases = Api::namespaced(admin.clone(), &ns.name);
     let mut busy = GrantLog::start(leases.clone(), "busy");
 

@@ -146,28 +146,7 @@ impl ChartController {
     /// reach the in-cluster Service: there is no kubelet, so no endpoint), keeping their
     /// rules, selectors and failure policies, and waits until injection answers in `ns`.
     pub(super) async fn serve_chart_webhooks(&self, cluster: &ChartCluster, ns: &TestNamespace) {
-        let local = |config: &WebhookClientConfig| WebhookClientConfig {
-            url: Some(format!(
-                "https://{}{}",
-                self.webhook,
-                config.service.as_ref().and_then(|s| s.path.clone()).unwrap_or_default()
-            )),
-            ca_bundle: Some(ByteString(cluster.cp.ca_pem().as_bytes().to_vec())),
-            service: None,
-        };
-        let mutating: Api<MutatingWebhookConfiguration> = Api::all(cluster.admin.clone());
-        let mut config = mutating.get("leasehold").await.expect("mutating");
-        for hook in config.webhooks.iter_mut().flatten() {
-            hook.client_config = local(&hook.client_config);
-        }
-        mutating.replace("leasehold", &PostParams::default(), &config).await.expect("repoint the mutating webhooks");
-        let validating: Api<ValidatingWebhookConfiguration> = Api::all(cluster.admin.clone());
-        let mut config = validating.get("leasehold").await.expect("validating");
-        for hook in config.webhooks.iter_mut().flatten() {
-            hook.client_config = local(&hook.client_config);
-        }
-        validating.replace("leasehold", &PostParams::default(), &config).await.expect("repoint the validating webhook");
-
+        point_chart_webhooks(cluster, self.webhook).await;
         let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), &ns.name);
         poll(WAIT, "the chart's injection webhook answered by the local controller", || async {
             Ok(crate::support::admission::injects(&pods, "probe").await?.then_some(()))
@@ -179,6 +158,36 @@ impl ChartController {
     pub(super) fn log(&self) -> String {
         self.process.log_tail(100_000)
     }
+}
+
+/// Points the chart's webhook configurations at `address` (the path of each kept), keeping
+/// their rules, selectors and failure policies.
+pub(super) async fn point_chart_webhooks(cluster: &ChartCluster, address: SocketAddr) {
+    let local = |config: &WebhookClientConfig| {
+        // The webhook's path: from its Service reference, or from the URL set here before.
+        let path = match (&config.service, &config.url) {
+            (Some(service), _) => service.path.clone().unwrap_or_default(),
+            (None, Some(url)) => url.splitn(4, '/').nth(3).map(|p| format!("/{p}")).unwrap_or_default(),
+            (None, None) => String::new(),
+        };
+        WebhookClientConfig {
+            url: Some(format!("https://{address}{path}")),
+            ca_bundle: Some(ByteString(cluster.cp.ca_pem().as_bytes().to_vec())),
+            service: None,
+        }
+    };
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(cluster.admin.clone());
+    let mut config = mutating.get("leasehold").await.expect("mutating");
+    for hook in config.webhooks.iter_mut().flatten() {
+        hook.client_config = local(&hook.client_config);
+    }
+    mutating.replace("leasehold", &PostParams::default(), &config).await.expect("repoint the mutating webhooks");
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(cluster.admin.clone());
+    let mut config = validating.get("leasehold").await.expect("validating");
+    for hook in config.webhooks.iter_mut().flatten() {
+        hook.client_config = local(&hook.client_config);
+    }
+    validating.replace("leasehold", &PostParams::default(), &config).await.expect("repoint the validating webhook");
 }
 
 #[tokio::test]
