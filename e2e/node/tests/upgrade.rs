@@ -110,7 +110,8 @@ async fn helm_upgrade_under_contention_keeps_holds_and_tokens_and_uninstall_keep
     eprintln!("upgrading to {} ({})", built.name, built.digest);
 
     let mut upgrade = helm();
-    upgrade.args(["upgrade", RELEASE, "charts/leasehold", "--namespace", NAMESPACE, "--reuse-values"]);
+    // As docs/upgrading.md says to upgrade.
+    upgrade.args(["upgrade", RELEASE, "charts/leasehold", "--namespace", NAMESPACE, "--reset-then-reuse-values"]);
     upgrade.args(["--set", &format!("image.tag={NEXT_TAG}"), "--wait", "--timeout", "5m"]);
     run(upgrade, "helm upgrade");
 
