@@ -2,17 +2,19 @@
 //! image` built, the controller's and a sidecar's memory read from their containers'
 //! cgroups, and failover measured after the holder's app container is killed and after
 //! the holder pod is deleted — each from the test's action to the next grant seen on a
-//! watch of the lock Lease.
+//! watch of the lock Lease. A deletion's failover is also split where its app container
+//! exited (containerd's exit event): before it, the kubelet's signal and the app's exit;
+//! after it, Leasehold's.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::wait::await_condition;
+use kube::runtime::wait::{await_condition, conditions};
 use leasehold::crd::{DistributedLock, DistributedLockSpec};
 use leasehold_harness::Node;
 use leasehold_harness::node::apps::{acquirer, container_id, identity, session_acquirer};
@@ -73,9 +75,25 @@ enum Act {
     DeleteSessionPod,
 }
 
+/// One handover, as measured.
+struct Handover {
+    /// From the action to the waiter's grant seen on a watch.
+    ms: f64,
+    /// The action, in seconds since the epoch (containerd's clock).
+    acted_at: f64,
+    /// A deleted holder pod (its name and UID) and its app container's ID.
+    deleted: Option<(String, String, String)>,
+}
+
 /// One handover: a holder pod and a waiter pod for a fresh lock; `act` on the holder; the
 /// time from the action to the waiter's grant.
-async fn handover(admin: &kube::Client, namespace: &str, round: usize, act: Act, node: &Node) -> anyhow::Result<f64> {
+async fn handover(
+    admin: &kube::Client,
+    namespace: &str,
+    round: usize,
+    act: Act,
+    node: &Node,
+) -> anyhow::Result<Handover> {
     let kill_app = act == Act::KillApp;
     let app = if act == Act::DeleteSessionPod { session_acquirer } else { acquirer };
     let lock = format!("failover-{round}");
@@ -92,14 +110,15 @@ async fn handover(admin: &kube::Client, namespace: &str, round: usize, act: Act,
     pods.create(&PostParams::default(), &app(&waiter, &lock, restart)).await?;
     let waiting_pod = wait_pod(&pods, &waiter, "Running", running).await?;
     waiting(&locks, &lock, &identity(&waiting_pod)).await?;
-    let acted = if kill_app {
-        let pod = pods.get(&holder).await?;
-        let pid = node.container_pid(&container_id(&pod, "app"))?;
-        let acted = Instant::now();
+    let pod = pods.get(&holder).await?;
+    let app = container_id(&pod, "app");
+    let (acted, acted_at) = if kill_app {
+        let pid = node.container_pid(&app)?;
+        let acted = (Instant::now(), SystemTime::now());
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL)?;
         acted
     } else {
-        let acted = Instant::now();
+        let acted = (Instant::now(), SystemTime::now());
         pods.delete(&holder, &DeleteParams::default()).await?;
         acted
     };
@@ -109,7 +128,51 @@ async fn handover(admin: &kube::Client, namespace: &str, round: usize, act: Act,
     if kill_app {
         let _ = pods.delete(&holder, &DeleteParams::default()).await;
     }
-    Ok((seen[1].seen - acted).as_secs_f64() * 1000.0)
+    let deleted = (!kill_app).then(|| (holder, pod.metadata.uid.clone().unwrap_or_default(), app));
+    Ok(Handover {
+        ms: (seen[1].seen - acted).as_secs_f64() * 1000.0,
+        acted_at: acted_at.duration_since(UNIX_EPOCH)?.as_secs_f64(),
+        deleted,
+    })
+}
+
+/// When containerd saw container `id` (`containerd://...`) exit, in seconds since the
+/// epoch: the `exited_at` of its exit event in containerd's log (`log`).
+fn exited_at(log: &str, id: &str) -> Option<f64> {
+    let id = id.trim_start_matches("containerd://");
+    let event = format!("received container exit event container_id:\\\"{id}\\\"");
+    let line = log.lines().find(|l| l.contains(&event))?;
+    let at = &line[line.find("exited_at:{")? + "exited_at:{".len()..];
+    let field = |name: &str| -> Option<f64> {
+        let rest = &at[at.find(name)? + name.len()..];
+        rest[..rest.find(|c: char| !c.is_ascii_digit())?].parse().ok()
+    };
+    Some(field("seconds:")? + field("nanos:")? / 1e9)
+}
+
+/// Splits deletion handovers at their app container's exit: (action → exited, exited →
+/// granted), in ms. Waits until each deleted holder pod is gone, so that containerd has
+/// logged its containers' exits.
+async fn split_at_app_exit(
+    pods: &Api<Pod>,
+    node: &Node,
+    handovers: &[Handover],
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    for (name, uid, _) in handovers.iter().filter_map(|h| h.deleted.as_ref()) {
+        tokio::time::timeout(WAIT, await_condition(pods.clone(), name, conditions::is_deleted(uid)))
+            .await
+            .with_context(|| format!("pod {name} not gone within {WAIT:?}"))??;
+    }
+    let log = std::fs::read_to_string(node.dir().join("logs/containerd.log")).context("read containerd's log")?;
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    for h in handovers {
+        let Some((name, _, app)) = &h.deleted else { continue };
+        let exited = exited_at(&log, app).with_context(|| format!("containerd logged no exit of pod {name}'s app"))?;
+        let ms = (exited - h.acted_at) * 1000.0;
+        before.push(ms);
+        after.push(h.ms - ms);
+    }
+    Ok((before, after))
 }
 
 /// The node phase: start the node, install the chart, measure, stop the node.
@@ -171,6 +234,10 @@ pub async fn run(repo: &Path, samples: usize) -> anyhow::Result<Run> {
         deletions.push(handover(&admin, namespace, 3 * round + 1, Act::DeletePod, &node).await?);
         session_deletions.push(handover(&admin, namespace, 3 * round + 2, Act::DeleteSessionPod, &node).await?);
     }
+    let (deleted_exit, deleted_grant) = split_at_app_exit(&pods, &node, &deletions).await?;
+    let (session_exit, session_grant) = split_at_app_exit(&pods, &node, &session_deletions).await?;
+    let ms = |handovers: Vec<Handover>| handovers.into_iter().map(|h| h.ms).collect::<Vec<_>>();
+    let (kills, deletions, session_deletions) = (ms(kills), ms(deletions), ms(session_deletions));
     for pod in &controllers.items {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let what = format!("node: controller container {name}");
@@ -200,8 +267,35 @@ pub async fn run(repo: &Path, samples: usize) -> anyhow::Result<Run> {
         "Leasehold",
         Panel::Failover,
         session_deletions,
-        params,
+        params.clone(),
     ));
+    let mut split = params;
+    split["app_exited"] =
+        json!("exited_at of containerd's exit event for the holder's app container (containerd's log)");
+    for (key, title, samples_ms) in [
+        (
+            "leasehold.node.pod_delete.app_exit",
+            "Real pod: holder pod deleted → its app container exited (the kubelet's signal, the app's exit)",
+            deleted_exit,
+        ),
+        (
+            "leasehold.node.pod_delete.after_app_exit",
+            "Real pod: holder's app container exited → waiter granted",
+            deleted_grant,
+        ),
+        (
+            "leasehold.node.pod_delete_session.app_exit",
+            "Real pod, session-bound hold: holder pod deleted → its app container exited (the kubelet's signal, the app's exit)",
+            session_exit,
+        ),
+        (
+            "leasehold.node.pod_delete_session.after_app_exit",
+            "Real pod, session-bound hold: holder's app container exited → waiter granted",
+            session_grant,
+        ),
+    ] {
+        r.series.push(Series::new(key, title, "Leasehold", Panel::Failover, samples_ms, split.clone()));
+    }
     drop(node);
     Ok(r)
 }
