@@ -81,8 +81,16 @@ struct Handover {
     ms: f64,
     /// The action, in seconds since the epoch (containerd's clock).
     acted_at: f64,
-    /// A deleted holder pod (its name and UID) and its app container's ID.
-    deleted: Option<(String, String, String)>,
+    /// The holder pod, when the action deleted it.
+    deleted: Option<Deleted>,
+}
+
+/// A holder pod the handover deleted.
+struct Deleted {
+    pod: String,
+    uid: String,
+    /// Its app container (`containerd://<id>`).
+    app: String,
 }
 
 /// One handover: a holder pod and a waiter pod for a fresh lock; `act` on the holder; the
@@ -128,26 +136,12 @@ async fn handover(
     if kill_app {
         let _ = pods.delete(&holder, &DeleteParams::default()).await;
     }
-    let deleted = (!kill_app).then(|| (holder, pod.metadata.uid.clone().unwrap_or_default(), app));
+    let deleted = (!kill_app).then(|| Deleted { pod: holder, uid: pod.metadata.uid.clone().unwrap_or_default(), app });
     Ok(Handover {
         ms: (seen[1].seen - acted).as_secs_f64() * 1000.0,
         acted_at: acted_at.duration_since(UNIX_EPOCH)?.as_secs_f64(),
         deleted,
     })
-}
-
-/// When containerd saw container `id` (`containerd://...`) exit, in seconds since the
-/// epoch: the `exited_at` of its exit event in containerd's log (`log`).
-fn exited_at(log: &str, id: &str) -> Option<f64> {
-    let id = id.trim_start_matches("containerd://");
-    let event = format!("received container exit event container_id:\\\"{id}\\\"");
-    let line = log.lines().find(|l| l.contains(&event))?;
-    let at = &line[line.find("exited_at:{")? + "exited_at:{".len()..];
-    let field = |name: &str| -> Option<f64> {
-        let rest = &at[at.find(name)? + name.len()..];
-        rest[..rest.find(|c: char| !c.is_ascii_digit())?].parse().ok()
-    };
-    Some(field("seconds:")? + field("nanos:")? / 1e9)
 }
 
 /// Splits deletion handovers at their app container's exit: (action → exited, exited →
@@ -158,16 +152,14 @@ async fn split_at_app_exit(
     node: &Node,
     handovers: &[Handover],
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
-    for (name, uid, _) in handovers.iter().filter_map(|h| h.deleted.as_ref()) {
-        tokio::time::timeout(WAIT, await_condition(pods.clone(), name, conditions::is_deleted(uid)))
-            .await
-            .with_context(|| format!("pod {name} not gone within {WAIT:?}"))??;
-    }
-    let log = std::fs::read_to_string(node.dir().join("logs/containerd.log")).context("read containerd's log")?;
     let (mut before, mut after) = (Vec::new(), Vec::new());
     for h in handovers {
-        let Some((name, _, app)) = &h.deleted else { continue };
-        let exited = exited_at(&log, app).with_context(|| format!("containerd logged no exit of pod {name}'s app"))?;
+        let Some(Deleted { pod, uid, app }) = &h.deleted else { continue };
+        tokio::time::timeout(WAIT, await_condition(pods.clone(), pod, conditions::is_deleted(uid)))
+            .await
+            .with_context(|| format!("pod {pod} not gone within {WAIT:?}"))??;
+        let exited =
+            node.container_exited_at(app)?.with_context(|| format!("containerd logged no exit of pod {pod}'s app"))?;
         let ms = (exited - h.acted_at) * 1000.0;
         before.push(ms);
         after.push(h.ms - ms);

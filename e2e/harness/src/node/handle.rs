@@ -210,6 +210,15 @@ impl Node {
             .with_context(|| format!("container {id} has no running task:\n{text}"))
     }
 
+    /// When containerd saw a container (`containerd://<id>` or `<id>`) exit, in seconds since
+    /// the epoch: the `exited_at` of its exit event in containerd's log, which logs every
+    /// exit at its default level. `None` if the log holds no exit of it yet.
+    pub fn container_exited_at(&self, container_id: &str) -> anyhow::Result<Option<f64>> {
+        let path = self.state.logs.join("containerd.log");
+        let log = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        Ok(exit_event_at(&log, container_id.trim_start_matches("containerd://")))
+    }
+
     /// A container's memory as its cgroup (v1) counts it.
     pub fn container_memory(&self, container_id: &str) -> anyhow::Result<ContainerMemory> {
         let pid = self.container_pid(container_id)?;
@@ -260,6 +269,20 @@ impl Node {
     }
 }
 
+/// The `exited_at` of container `id`'s exit event in containerd's log `log`, in seconds
+/// since the epoch: `... msg="received container exit event container_id:\"<id>\" ...
+/// exited_at:{seconds:<s> nanos:<ns>}"`.
+fn exit_event_at(log: &str, id: &str) -> Option<f64> {
+    let event = format!("received container exit event container_id:\\\"{id}\\\"");
+    let line = log.lines().find(|l| l.contains(&event))?;
+    let at = &line[line.find("exited_at:{")? + "exited_at:{".len()..];
+    let field = |name: &str| -> Option<f64> {
+        let rest = &at[at.find(name)? + name.len()..];
+        rest[..rest.find(|c: char| !c.is_ascii_digit())?].parse().ok()
+    };
+    Some(field("seconds:")? + field("nanos:")? / 1e9)
+}
+
 /// The node directory tests use: `${LEASEHOLD_CACHE:-~/.cache/leasehold}/node/test`.
 pub fn test_dir() -> PathBuf {
     let cache = match std::env::var_os("LEASEHOLD_CACHE").filter(|v| !v.is_empty()) {
@@ -278,5 +301,41 @@ pub fn shared_node(images: &[PathBuf]) -> &'static Node {
     match started {
         Ok(node) => node,
         Err(message) => panic!("the test node failed to start: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines as containerd 2 writes them: an exit with and without an exit status, and an
+    /// event of another container.
+    const LOG: &str = concat!(
+        r#"time="2026-12-07T16:54:29.083007144Z" level=info msg="received container exit event container_id:\"d8e5\"  id:\"d8e5\"  pid:3821  exited_at:{seconds:1796662469  nanos:82140039}""#,
+        "\n",
+        r#"time="2026-12-07T16:54:47.497254921Z" level=info msg="received container exit event container_id:\"b917\"  id:\"b917\"  pid:4148  exit_status:137  exited_at:{seconds:1796662487  nanos:496685988}""#,
+        "\n",
+        r#"time="2026-12-07T16:54:48.000000000Z" level=info msg="StopContainer for \"aaaa\" with timeout 10 (s)""#,
+        "\n",
+    );
+
+    #[test]
+    fn a_containers_exit_is_read_from_its_exit_event() {
+        let cases = [
+            ("d8e5", Some(1_796_662_469.082_14)),
+            ("b917", Some(1_796_662_487.496_686)),
+            // Another container's lines name it, but not as an exit.
+            ("aaaa", None),
+            // A prefix of an ID is not the ID.
+            ("d8e", None),
+            ("ffff", None),
+        ];
+        for (id, want) in cases {
+            let got = exit_event_at(LOG, id);
+            match (got, want) {
+                (Some(got), Some(want)) => assert!((got - want).abs() < 1e-6, "{id}: {got} != {want}"),
+                (got, want) => assert_eq!(got, want, "{id}"),
+            }
+        }
     }
 }
