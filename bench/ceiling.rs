@@ -13,6 +13,12 @@
 //! watchers, as every change of a contended lock's Lease is. The two ceilings side by side
 //! say what sending the changes costs the apiserver's writes, with nothing of Leasehold's
 //! in between.
+//!
+//! The watches can instead select by holder ([`Selection::Holder`]): each also selects a
+//! label naming it, and each write moves that label to the next watch, so a write is sent
+//! to two watches (the one the Lease leaves, the one it enters) rather than to all. That is
+//! what a lock's changes would cost if each claimant's watch were sent only the changes of
+//! holds in its own name, as a grant moves a Lease from its old holder to its new one.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +41,19 @@ use crate::support::Env;
 /// The label on the ceiling's Leases, so that they are removed in one call afterwards.
 const LABEL: &str = "leasehold-bench/ceiling";
 
+/// The label naming the one watch a Lease is in the selection of, under [`Selection::Holder`].
+const HOLDER: &str = "leasehold-bench/holder";
+
+/// How each watch of a ceiling's Lease selects the changes it is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Selection {
+    /// By the Lease's name: every change, as a claimant's watch of its lock's Lease is sent.
+    Name,
+    /// By the Lease's name and a label naming the watch, which each write moves to the next
+    /// watch: a change is sent to the watch it leaves and the one it enters.
+    Holder,
+}
+
 /// How long the watchers may take to start (each has listed its Lease) before the writes.
 const WATCHERS_READY: Duration = Duration::from_secs(120);
 
@@ -46,16 +65,21 @@ pub async fn run(
     meter: &crate::cpu::Meter,
     background: &Writes,
     clients: usize,
-    watchers: usize,
+    (watchers, selection): (usize, Selection),
     warmup: Duration,
     window: Duration,
 ) -> anyhow::Result<Ceiling> {
     let leases: Api<Lease> = env.leases();
-    let run = format!("{clients}w{watchers}");
+    let by_holder = selection == Selection::Holder && watchers > 0;
+    let run = format!("{clients}w{watchers}{}", if by_holder { "h" } else { "" });
     let names: Vec<String> = (0..clients).map(|i| format!("ceiling{run}-{i}")).collect();
     let create = |name: &String| {
         let mut lease = crate::floors::floor_lease(name);
-        lease.metadata.labels = Some([(LABEL.to_owned(), run.clone())].into());
+        let mut labels = std::collections::BTreeMap::from([(LABEL.to_owned(), run.clone())]);
+        if by_holder {
+            labels.insert(HOLDER.to_owned(), "0".to_owned());
+        }
+        lease.metadata.labels = Some(labels);
         let leases = leases.clone();
         async move { leases.create(&PostParams::default(), &lease).await.context("failed to create a ceiling Lease") }
     };
@@ -67,7 +91,11 @@ pub async fn run(
         .into_iter()
         .collect::<anyhow::Result<Vec<Lease>>>()?;
 
-    let (watches, events) = watch(&Api::namespaced(leases.clone().into_client(), env.name()), &names, watchers).await?;
+    let watched = Api::namespaced(leases.clone().into_client(), env.name());
+    let (watches, events) = match by_holder {
+        false => watch(&watched, &names, watchers).await?,
+        true => watch_by_holder(&watched, &names, watchers).await?,
+    };
 
     let stop = Arc::new(AtomicBool::new(false));
     // (replace returned, its latency ms) per successful write; 409s and other failures by instant.
@@ -99,6 +127,9 @@ pub async fn run(
                     },
                 };
                 next.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(MicroTime(Timestamp::now()));
+                if by_holder {
+                    move_holder(&mut next, watchers);
+                }
                 let started = Instant::now();
                 match api.replace(&name, &params, &next).await {
                     Ok(lease) => {
@@ -146,6 +177,7 @@ pub async fn run(
     Ok(Ceiling {
         clients,
         watchers_per_lease: watchers,
+        selection,
         watch_events_per_write,
         writes: in_window.len(),
         seconds,
@@ -187,13 +219,62 @@ async fn watch(
             });
         }
     }
-    let all = names.len() * watchers;
+    ready_all(&mut started, names.len() * watchers).await?;
+    Ok((watches, events))
+}
+
+/// Waits until `all` watches have each said they listed.
+async fn ready_all(started: &mut tokio::sync::mpsc::UnboundedReceiver<()>, all: usize) -> anyhow::Result<()> {
     tokio::time::timeout(WATCHERS_READY, async {
         for _ in 0..all {
             started.recv().await;
         }
     })
     .await
-    .with_context(|| format!("{all} watches of the ceiling's Leases not all started within {WATCHERS_READY:?}"))?;
+    .with_context(|| format!("{all} watches of the ceiling's Leases not all started within {WATCHERS_READY:?}"))
+}
+
+/// Moves `lease`'s holder label to the next of `watchers` watches.
+fn move_holder(lease: &mut Lease, watchers: usize) {
+    let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+    let now: usize = labels.get(HOLDER).and_then(|v| v.parse().ok()).unwrap_or(0);
+    labels.insert(HOLDER.to_owned(), ((now + 1) % watchers).to_string());
+}
+
+/// Starts `watchers` watches of each Lease in `names`, watch `k` selecting it by its name
+/// and by the holder label `k`, and waits until each has listed. The counter counts the
+/// changes they receive after their list: a Lease entering a watch's selection (an apply)
+/// and leaving it (a delete).
+async fn watch_by_holder(
+    leases: &Api<UnmanagedLease>,
+    names: &[String],
+    watchers: usize,
+) -> anyhow::Result<(tokio::task::JoinSet<()>, Arc<AtomicUsize>)> {
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let events = Arc::new(AtomicUsize::new(0));
+    let mut watches = tokio::task::JoinSet::new();
+    let (ready, mut started) = tokio::sync::mpsc::unbounded_channel();
+    for name in names {
+        for k in 0..watchers {
+            let config =
+                watcher::Config::default().fields(&format!("metadata.name={name}")).labels(&format!("{HOLDER}={k}"));
+            let mut changes = watcher(leases.clone(), config).backoff(leasehold::lease::watch_backoff()).boxed();
+            let (events, ready) = (events.clone(), ready.clone());
+            watches.spawn(async move {
+                while let Some(change) = changes.next().await {
+                    match change {
+                        Ok(watcher::Event::InitDone) => {
+                            let _ = ready.send(());
+                        }
+                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                            events.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    }
+    ready_all(&mut started, names.len() * watchers).await?;
     Ok((watches, events))
 }

@@ -134,3 +134,60 @@ pub async fn watch_hop(leases: Api<Lease>, warmup: usize, samples: usize) -> any
         ),
     ])
 }
+
+/// What an acquire that took a free Lease itself would wait for: the claimant's LockClaim
+/// created and its compare-and-swap of the Lease sent together, timed until both have
+/// returned (an answer would need both: the claim that puts the hold in the controller's
+/// view, the CAS that takes the Lease). Each claim names a lock that does not exist, so no
+/// controller acts on it; it is deleted, untimed, before the next sample.
+pub async fn claim_and_cas(
+    leases: Api<Lease>,
+    claims: Api<leasehold::crd::LockClaim>,
+    warmup: usize,
+    samples: usize,
+) -> anyhow::Result<Series> {
+    use kube::ResourceExt as _;
+    use kube::api::{DeleteParams, Preconditions};
+
+    let name = "bench-floor-claim-cas";
+    let params = PostParams::default();
+    let mut current = leases.create(&params, &floor_lease(name)).await.context("failed to create the floor Lease")?;
+    let mut out = Vec::with_capacity(samples);
+    for i in 0..warmup + samples {
+        let mut next = current.clone();
+        next.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(MicroTime(Timestamp::now()));
+        let claim = crate::request_cost::claim_of(name, i as i64);
+        let started = Instant::now();
+        let (cas, created) = tokio::join!(leases.replace(name, &params, &next), claims.create(&params, &claim));
+        let took = started.elapsed();
+        current = cas.context("failed to update the floor Lease")?;
+        let created = created.context("failed to create the floor claim")?;
+        let preconditions = Preconditions { uid: created.uid(), resource_version: None };
+        claims
+            .delete(
+                &created.name_any(),
+                &DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() },
+            )
+            .await
+            .context("failed to delete the floor claim")?;
+        if i >= warmup {
+            out.push(ms(took));
+        }
+    }
+    leases.delete(name, &Default::default()).await.context("failed to delete the floor Lease")?;
+    Ok(Series::new(
+        "floor.claim_and_cas",
+        "LockClaim create and Lease CAS sent together → both returned (kube-rs; what an acquire taking a free Lease itself would wait for)",
+        "floor",
+        Panel::Fast,
+        out,
+        json!({
+            "client": "kube-rs (JSON), admin token, one client; the two requests concurrent on it",
+            "warmup": warmup,
+            "samples": samples,
+            "sample_start": "replace() and create() called together",
+            "sample_stop": "both returned",
+            "claim": "names a lock that does not exist; deleted (untimed, UID precondition) after each sample",
+        }),
+    ))
+}

@@ -247,23 +247,30 @@ async fn bench() -> anyhow::Result<bool> {
         phase(&mut run, began, &name, async {
             let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
             let mut r = Run::default();
-            r.ceilings.push(ceiling::run(&env, &admin, &meter, &background, locks, 0, warmup, window).await?);
+            let unwatched = (0, ceiling::Selection::Name);
+            r.ceilings.push(ceiling::run(&env, &admin, &meter, &background, locks, unwatched, warmup, window).await?);
             Ok(r)
         })
         .await;
         // The same ceiling with each Lease watched as a contended lock's Lease is: what
-        // sending every write to its watchers costs the apiserver.
+        // sending every write to its watchers costs the apiserver; then with the watches
+        // selecting by holder, each write sent to two of them: what routing a lock's
+        // changes to the holds they concern would leave of that cost.
         if plan.watched_ceilings.contains(&locks) {
             let watchers = plan.clients_per_lock;
-            let name = format!("apiserver ceiling, {watchers} watchers per Lease: raw Lease CAS, clients: {locks}");
-            phase(&mut run, began, &name, async {
-                let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
-                let mut r = Run::default();
-                r.ceilings
-                    .push(ceiling::run(&env, &admin, &meter, &background, locks, watchers, warmup, window).await?);
-                Ok(r)
-            })
-            .await;
+            for (selection, by) in [(ceiling::Selection::Name, ""), (ceiling::Selection::Holder, ", by holder label")] {
+                let name =
+                    format!("apiserver ceiling, {watchers} watchers per Lease{by}: raw Lease CAS, clients: {locks}");
+                phase(&mut run, began, &name, async {
+                    let (warmup, window) = (plan.throughput_warmup, plan.throughput_window);
+                    let mut r = Run::default();
+                    let watched = (watchers, selection);
+                    r.ceilings
+                        .push(ceiling::run(&env, &admin, &meter, &background, locks, watched, warmup, window).await?);
+                    Ok(r)
+                })
+                .await;
+            }
         }
         let name = format!("Leasehold: throughput, {locks} locks × {} clients", plan.clients_per_lock);
         phase(&mut run, began, &name, async {
@@ -372,6 +379,7 @@ async fn interleaved(
                     let cas = floors::lease_cas(env.leases(), warmup, n).await?;
                     let mut series = vec![cas];
                     series.extend(floors::watch_hop(env.leases(), warmup, n).await?);
+                    series.push(floors::claim_and_cas(env.leases(), env.claims(), warmup, n).await?);
                     Run { series, ..Run::default() }
                 }
                 1 => {

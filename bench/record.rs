@@ -126,6 +126,8 @@ pub struct Ceiling {
     pub clients: usize,
     /// Watches of each Lease (0: none), as a contended lock's claimants watch its Lease.
     pub watchers_per_lease: usize,
+    /// How each watch selects the changes it is sent.
+    pub selection: crate::ceiling::Selection,
     /// Changes the watches received per write, over the whole run (warm-up included).
     pub watch_events_per_write: f64,
     /// Successful writes (replace returned) inside the window.
@@ -153,9 +155,14 @@ pub struct Ceiling {
 impl Ceiling {
     /// How the report names this ceiling's window.
     pub fn label(&self) -> String {
-        match self.watchers_per_lease {
-            0 => format!("ceiling, {} clients", self.clients),
-            w => format!("ceiling, {} clients, {w} watchers per Lease", self.clients),
+        match (self.watchers_per_lease, self.selection) {
+            (0, _) => format!("ceiling, {} clients", self.clients),
+            (w, crate::ceiling::Selection::Name) => {
+                format!("ceiling, {} clients, {w} watchers per Lease", self.clients)
+            }
+            (w, crate::ceiling::Selection::Holder) => {
+                format!("ceiling, {} clients, {w} watchers per Lease, by holder label", self.clients)
+            }
         }
     }
 }

@@ -62,6 +62,11 @@ pub fn ratios(run: &Run) -> Vec<Ratio> {
         faster_floor_ratio(run),
         ratio(run, "kube-lease-manager handoff ÷ Leasehold handoff", "peer.klm.handoff", "leasehold.handoff"),
         ratio(run, "Leasehold Lease-level handoff ÷ etcd lock handoff", "leasehold.lease.handoff", "peer.etcd.handoff"),
+        over_faster_floor(
+            run,
+            "LockClaim create and Lease CAS sent together ÷ raw Lease CAS (the faster floor at each percentile)",
+            "floor.claim_and_cas",
+        ),
     ]
     .into_iter()
     .flatten()
@@ -86,14 +91,20 @@ pub fn faster_floor(run: &Run, at: fn(&crate::stats::Summary) -> f64) -> Option<
 /// Leasehold acquire ÷ the faster raw-CAS floor at each percentile: a floor whose tail is
 /// noisy does not flatter the acquire's p99.
 fn faster_floor_ratio(run: &Run) -> Option<Ratio> {
-    let acquire = &run.series("leasehold.acquire")?.summary;
+    let what = "Leasehold acquire ÷ raw Lease CAS (the faster floor at each percentile)";
+    over_faster_floor(run, what, "leasehold.acquire")
+}
+
+/// Series `key` ÷ the faster raw-CAS floor at each percentile.
+fn over_faster_floor(run: &Run, what: &str, key: &str) -> Option<Ratio> {
+    let series = &run.series(key)?.summary;
     let (_, p50) = faster_floor(run, |s| s.p50)?;
     let (_, p99) = faster_floor(run, |s| s.p99)?;
     Some(Ratio {
-        what: "Leasehold acquire ÷ raw Lease CAS (the faster floor at each percentile)".into(),
-        p50: acquire.p50 / p50,
-        p99: acquire.p99 / p99,
-        of: ("leasehold.acquire".into(), FASTER_FLOOR.into()),
+        what: what.into(),
+        p50: series.p50 / p50,
+        p99: series.p99 / p99,
+        of: (key.into(), FASTER_FLOOR.into()),
     })
 }
 
@@ -650,14 +661,17 @@ pub fn markdown(run: &Run, ratios: &[Ratio], verdicts: &[Verdict], lease_ms: f64
     if !run.ceilings.is_empty() {
         let _ = writeln!(
             w,
-            "\n## Apiserver write ceiling (raw Lease CAS, beside the throughput)\n\nAs many clients as the throughput run with as many locks (one per lock), each built like the product's and authenticated as a ServiceAccount of its own (as the claimants are), each looping read-modify-replace on a Lease of its own (none shared) as fast as answers come, for the same warm-up and window. Some ceilings are measured again with each Lease watched by as many watches as a lock has claimants in the throughput run (a field selector on its name, as a claimant watches its lock's Lease), so that every write is sent to that many watchers: the last column is that ceiling as a fraction of the one without watchers.\n\n| clients (one Lease each) | watchers per Lease | CAS writes/s | writes | window (s) | replace p50 / p99 (ms) | 409s | errors | apiserver writes/s (counters, background removed) | by kind per second | changes received per write | of the ceiling without watchers |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|"
+            "\n## Apiserver write ceiling (raw Lease CAS, beside the throughput)\n\nAs many clients as the throughput run with as many locks (one per lock), each built like the product's and authenticated as a ServiceAccount of its own (as the claimants are), each looping read-modify-replace on a Lease of its own (none shared) as fast as answers come, for the same warm-up and window. Some ceilings are measured again with each Lease watched by as many watches as a lock has claimants in the throughput run (a field selector on its name, as a claimant watches its lock's Lease), so that every write is sent to that many watchers, and again with each watch also selecting a label that names it, which every write moves to the next watch (\"by holder label\": each write is sent to the watch it leaves and the one it enters, as a lock's changes would be if each claimant were sent only those of holds in its own name): the last column is that ceiling as a fraction of the one without watchers.\n\n| clients (one Lease each) | watchers per Lease | CAS writes/s | writes | window (s) | replace p50 / p99 (ms) | 409s | errors | apiserver writes/s (counters, background removed) | by kind per second | changes received per write | of the ceiling without watchers |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|"
         );
         for c in &run.ceilings {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {} | {:.1} | {} / {} | {} | {}{} | {} | {} | {} | {} |",
                 c.clients,
-                c.watchers_per_lease,
+                match c.selection {
+                    crate::ceiling::Selection::Holder => format!("{} by holder label", c.watchers_per_lease),
+                    crate::ceiling::Selection::Name => c.watchers_per_lease.to_string(),
+                },
                 num(c.per_second),
                 c.writes,
                 c.seconds,

@@ -255,7 +255,7 @@ fn status(n: i64) -> DistributedLockStatus {
 }
 
 /// Claimant `n`'s claim on lock `lock`.
-fn claim_of(lock: &str, n: i64) -> LockClaim {
+pub fn claim_of(lock: &str, n: i64) -> LockClaim {
     let now = MicroTime(Timestamp::now());
     let spec = LockClaimSpec {
         lock: lock.to_owned(),
