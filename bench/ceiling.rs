@@ -92,10 +92,7 @@ pub async fn run(
         .collect::<anyhow::Result<Vec<Lease>>>()?;
 
     let watched = Api::namespaced(leases.clone().into_client(), env.name());
-    let (watches, events) = match by_holder {
-        false => watch(&watched, &names, watchers).await?,
-        true => watch_by_holder(&watched, &names, watchers).await?,
-    };
+    let (watches, events) = watch(&watched, &names, (watchers, selection)).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
     // (replace returned, its latency ms) per successful write; 409s and other failures by instant.
@@ -192,35 +189,76 @@ pub async fn run(
     })
 }
 
-/// Starts `watchers` watches of each Lease in `names`, each a claimant's own
-/// ([`leasehold::claim::lease_states`]: a field selector on the Lease's name, the
-/// claimant's backoff, each state parsed as a claimant parses it), and waits until each has
-/// listed its Lease. The watches run until the returned set is dropped; the counter counts
-/// the states they receive after their list (a re-list after an error counts as one).
+/// What a ceiling's watch reports: that it has listed, then each change it was sent.
+enum Seen {
+    Listed,
+    Change,
+}
+
+/// Starts `watchers` watches of each Lease in `names` and waits until each has listed. By
+/// [`Selection::Name`] each is a claimant's own ([`leasehold::claim::lease_states`]: a
+/// field selector on the Lease's name, the claimant's backoff, each state parsed as a
+/// claimant parses it); by [`Selection::Holder`] watch `k` also selects the holder label
+/// `k`. The watches run until the returned set is dropped; the counter counts the changes
+/// they receive after their list (a state, or a Lease entering or leaving a selection).
 async fn watch(
     leases: &Api<UnmanagedLease>,
     names: &[String],
-    watchers: usize,
+    (watchers, selection): (usize, Selection),
 ) -> anyhow::Result<(tokio::task::JoinSet<()>, Arc<AtomicUsize>)> {
     let events = Arc::new(AtomicUsize::new(0));
     let mut watches = tokio::task::JoinSet::new();
     let (ready, mut started) = tokio::sync::mpsc::unbounded_channel();
     for name in names {
-        for _ in 0..watchers {
-            let mut states = leasehold::claim::lease_states(leases.clone(), name).boxed();
+        for k in 0..watchers {
+            let mut seen = seen(leases, name, k, selection);
             let (events, ready) = (events.clone(), ready.clone());
             watches.spawn(async move {
-                if states.next().await.is_some() {
-                    let _ = ready.send(());
-                }
-                while states.next().await.is_some() {
-                    events.fetch_add(1, Ordering::Relaxed);
+                while let Some(s) = seen.next().await {
+                    match s {
+                        Seen::Listed => {
+                            let _ = ready.send(());
+                        }
+                        Seen::Change => {
+                            events.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
             });
         }
     }
     ready_all(&mut started, names.len() * watchers).await?;
     Ok((watches, events))
+}
+
+/// Watch `k` of Lease `name`, selecting as `selection` says.
+fn seen(
+    leases: &Api<UnmanagedLease>,
+    name: &str,
+    k: usize,
+    selection: Selection,
+) -> futures::stream::BoxStream<'static, Seen> {
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    match selection {
+        Selection::Name => leasehold::claim::lease_states(leases.clone(), name)
+            .enumerate()
+            .map(|(i, _)| if i == 0 { Seen::Listed } else { Seen::Change })
+            .boxed(),
+        Selection::Holder => {
+            let config =
+                watcher::Config::default().fields(&format!("metadata.name={name}")).labels(&format!("{HOLDER}={k}"));
+            watcher(leases.clone(), config)
+                .backoff(leasehold::lease::watch_backoff())
+                .filter_map(|event| {
+                    futures::future::ready(match event {
+                        Ok(watcher::Event::InitDone) => Some(Seen::Listed),
+                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Some(Seen::Change),
+                        _ => None,
+                    })
+                })
+                .boxed()
+        }
+    }
 }
 
 /// Waits until `all` watches have each said they listed.
@@ -239,42 +277,4 @@ fn move_holder(lease: &mut Lease, watchers: usize) {
     let labels = lease.metadata.labels.get_or_insert_with(Default::default);
     let now: usize = labels.get(HOLDER).and_then(|v| v.parse().ok()).unwrap_or(0);
     labels.insert(HOLDER.to_owned(), ((now + 1) % watchers).to_string());
-}
-
-/// Starts `watchers` watches of each Lease in `names`, watch `k` selecting it by its name
-/// and by the holder label `k`, and waits until each has listed. The counter counts the
-/// changes they receive after their list: a Lease entering a watch's selection (an apply)
-/// and leaving it (a delete).
-async fn watch_by_holder(
-    leases: &Api<UnmanagedLease>,
-    names: &[String],
-    watchers: usize,
-) -> anyhow::Result<(tokio::task::JoinSet<()>, Arc<AtomicUsize>)> {
-    use kube::runtime::{WatchStreamExt as _, watcher};
-    let events = Arc::new(AtomicUsize::new(0));
-    let mut watches = tokio::task::JoinSet::new();
-    let (ready, mut started) = tokio::sync::mpsc::unbounded_channel();
-    for name in names {
-        for k in 0..watchers {
-            let config =
-                watcher::Config::default().fields(&format!("metadata.name={name}")).labels(&format!("{HOLDER}={k}"));
-            let mut changes = watcher(leases.clone(), config).backoff(leasehold::lease::watch_backoff()).boxed();
-            let (events, ready) = (events.clone(), ready.clone());
-            watches.spawn(async move {
-                while let Some(change) = changes.next().await {
-                    match change {
-                        Ok(watcher::Event::InitDone) => {
-                            let _ = ready.send(());
-                        }
-                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                            events.fetch_add(1, Ordering::Relaxed);
-                        }
-                        _ => {}
-                    }
-                }
-            });
-        }
-    }
-    ready_all(&mut started, names.len() * watchers).await?;
-    Ok((watches, events))
 }
