@@ -227,7 +227,14 @@ async fn watch(
             });
         }
     }
-    ready_all(&mut started, names.len() * watchers).await?;
+    let all = names.len() * watchers;
+    tokio::time::timeout(WATCHERS_READY, async {
+        for _ in 0..all {
+            started.recv().await;
+        }
+    })
+    .await
+    .with_context(|| format!("{all} watches of the ceiling's Leases not all started within {WATCHERS_READY:?}"))?;
     Ok((watches, events))
 }
 
@@ -259,17 +266,6 @@ fn seen(
                 .boxed()
         }
     }
-}
-
-/// Waits until `all` watches have each said they listed.
-async fn ready_all(started: &mut tokio::sync::mpsc::UnboundedReceiver<()>, all: usize) -> anyhow::Result<()> {
-    tokio::time::timeout(WATCHERS_READY, async {
-        for _ in 0..all {
-            started.recv().await;
-        }
-    })
-    .await
-    .with_context(|| format!("{all} watches of the ceiling's Leases not all started within {WATCHERS_READY:?}"))
 }
 
 /// Moves `lease`'s holder label to the next of `watchers` watches.
