@@ -63,6 +63,20 @@ pub const ANNOTATION_MODE: &str = "leasehold.dev/mode";
 /// On a lock's slot 0 Lease: the lock's permits, when more than one (claimants watch that
 /// many slot Leases). Written only by the controller.
 pub const ANNOTATION_PERMITS: &str = "leasehold.dev/permits";
+/// Annotations on a held lock Lease naming the waiter the controller will grant next: its
+/// identity, its LockClaim's name and UID, the token minted for its grant and, for a
+/// writer, its mode. Written only by the controller; the holder's release may hand the
+/// lock on to exactly that waiter with exactly that token (the guard checks it), so a
+/// handoff need not wait for the controller to see the release.
+pub const ANNOTATION_NEXT_HOLDER: &str = "leasehold.dev/next-holder";
+/// See [`ANNOTATION_NEXT_HOLDER`]: the next waiter's LockClaim name.
+pub const ANNOTATION_NEXT_CLAIM: &str = "leasehold.dev/next-claim";
+/// See [`ANNOTATION_NEXT_HOLDER`]: the next waiter's LockClaim UID.
+pub const ANNOTATION_NEXT_CLAIM_UID: &str = "leasehold.dev/next-claim-uid";
+/// See [`ANNOTATION_NEXT_HOLDER`]: the token minted for the next waiter's grant.
+pub const ANNOTATION_NEXT_TOKEN: &str = "leasehold.dev/next-token";
+/// See [`ANNOTATION_NEXT_HOLDER`]: the next waiter's mode, when it is a writer.
+pub const ANNOTATION_NEXT_MODE: &str = "leasehold.dev/next-mode";
 /// Finalizer the controller puts on every DistributedLock: on deletion, the current hold is
 /// drained and the lock Lease deleted before the lock goes.
 pub const FINALIZER: &str = "leasehold.dev/lease";
@@ -132,7 +146,7 @@ fn default_retry_period() -> i32 {
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity"),
     printcolumn(name = "Holders", type_ = "string", json_path = ".status.heldPermits"),
-    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.holder.fencingToken"),
     printcolumn(name = "Waiters", type_ = "integer", json_path = ".status.queueLength"),
     printcolumn(name = "Held", type_ = "date", json_path = ".status.holder.acquiredAt"),
     printcolumn(name = "Last-Wait", type_ = "number", json_path = ".status.stats.lastWaitSeconds"),

@@ -67,6 +67,8 @@ pub struct ControllerMetrics {
     pub grants: Counter,
     /// Holds released by their holder.
     pub releases: Counter,
+    /// Holds a releasing holder handed on to the waiter recorded as next, as seen.
+    pub handoffs: Counter,
     /// Holds revoked, by reason.
     pub revocations: Family<ReasonLabel, Counter>,
     /// Seconds from claim to grant.
@@ -93,6 +95,7 @@ impl ControllerMetrics {
         let m = ControllerMetrics {
             grants: Counter::default(),
             releases: Counter::default(),
+            handoffs: Counter::default(),
             revocations: Family::default(),
             wait_seconds: Histogram::new(long_buckets()),
             hold_seconds: Histogram::new(long_buckets()),
@@ -106,6 +109,11 @@ impl ControllerMetrics {
         let r = registry.sub_registry_with_prefix("leasehold_controller");
         r.register("grants", "Holds granted", m.grants.clone());
         r.register("releases", "Holds released by their holder", m.releases.clone());
+        r.register(
+            "handoffs",
+            "Holds a releasing holder handed on to the waiter recorded as next, as seen (also counted as grants)",
+            m.handoffs.clone(),
+        );
         r.register("revocations", "Holds revoked by the controller, by reason", m.revocations.clone());
         r.register("wait_seconds", "Seconds from claim to grant", m.wait_seconds.clone());
         r.register("hold_seconds", "Seconds from grant to release or revocation", m.hold_seconds.clone());

@@ -269,6 +269,7 @@ async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_its_end() {
     let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
     let returned = Instant::now();
     let token_a = hold_a.token();
+    let granted_a = acquire_time(&watch.until("a's grant", |l| token::of_lease(l) == Some(token_a)).await);
     assert_eq!(hold_a.max_hold(), Some(Duration::from_secs(3)));
     let claimant_b = b.claimant(env.name());
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(60)).await });
@@ -291,13 +292,16 @@ async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_its_end() {
     assert!(reason == LostReason::MaxHold || reason == LostReason::Revoked("MaxHold".into()), "lost because: {reason}");
 
     // Two ends race, both at the max hold: the controller drains the hold, or a's holder,
-    // self-fenced, gives the lock back first. Either way b is granted only after a's max
-    // hold, which ran from a's confirmation (sent after the grant) or from a's claim (sent
-    // after `asked`, so at most `returned - asked` before the grant).
+    // self-fenced, gives the lock back first (handing it on to b, whom the Lease names as
+    // next). Either way b is granted only after a's max hold, which ran from a's
+    // confirmation (sent after the grant) or from a's claim (sent after `asked`, so at
+    // most `returned - asked` before the grant).
     let ended = watch
         .until("a's hold ended", |l| {
             let given_back = edit::holder(l).is_none() && token::of_lease(l) == Some(token_a);
-            edit::draining(l) == Some(Some(token_a)) || given_back
+            let handed_on = edit::holder(l).is_some_and(|h| h != a.identity().id)
+                && token::of_lease(l).is_some_and(|t| t > token_a);
+            edit::draining(l) == Some(Some(token_a)) || given_back || handed_on
         })
         .await;
     if edit::draining(&ended).is_some() {
@@ -305,7 +309,6 @@ async fn max_hold_self_fences_the_holder_and_the_next_grant_follows_its_end() {
     }
     let hold_b = waiting_b.await.expect("join").expect("b is granted after a's max hold");
     let granted_at = acquire_time(&env.leases().get(LOCK).await.expect("the lock Lease"));
-    let granted_a = acquire_time(&ended);
     let claim_to_grant = SignedDuration::try_from(returned - asked).expect("a short acquisition");
     assert!(
         granted_at.duration_since(granted_a) >= seconds(3) - claim_to_grant,

@@ -156,6 +156,14 @@ pub fn given_back(lease: &Lease, identity: &Identity, token: i64) -> Option<Leas
     ours.then(|| released(lease))
 }
 
+/// [`given_back`], handing a released hold on to the waiter the controller recorded as
+/// next, when it recorded one, in the same write ([`crate::lease::next::handed_on`], at
+/// `now`). An acknowledgement of a revoked hold only clears the holder.
+pub fn given_back_or_handed_on(lease: &Lease, identity: &Identity, token: i64, now: Timestamp) -> Option<Lease> {
+    let cleared = given_back(lease, identity, token)?;
+    Some(crate::lease::next::handed_on(lease, now).unwrap_or(cleared))
+}
+
 /// The UID of the claim the hold on this Lease was granted on, when the grant records it.
 pub fn claim_uid(lease: &Lease) -> Option<&str> {
     lease.metadata.annotations.as_ref()?.get(crate::crd::ANNOTATION_CLAIM_UID).map(String::as_str)

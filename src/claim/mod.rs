@@ -723,32 +723,84 @@ impl Claimant {
     }
 
     /// Withdraws acquisition `ticket` from `lock`: deletes our claim, then gives back a
-    /// grant that may have arrived meanwhile (never confirmed, so never reported held).
+    /// grant that may have arrived meanwhile (never confirmed, so never reported held),
+    /// handing it on to the waiter the controller recorded as next when it recorded one.
     /// Nothing to do once a newer acquisition of the lock has begun: claim and grant are
     /// its.
+    ///
+    /// A claim the lock's Lease names as next may still be handed the lock by a release
+    /// sent before the controller saw the claim go: while the Lease names it (at most
+    /// [`WITHDRAWN_NEXT_WATCH`]), such a grant is given back as it arrives.
     pub(crate) async fn withdraw(&self, lock: &str, ticket: book::Ticket) {
-        let Some(_writing) = self.claims.withdrawal(lock, ticket).await else { return };
-        if let Err(e) = self.delete_claim(lock).await {
-            debug!(lock, error = %e, "failed to delete claim");
-        }
-        // On any slot: slot 0 says how many there are.
-        let mut slots = 1;
-        let mut slot = 0;
-        while slot < slots {
-            if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
-                if slot == 0 {
-                    slots = edit::permits(&lease);
-                }
-                if edit::names_us(&lease, &self.identity)
-                    && let Err(e) = self.store.replace(&edit::released(&lease)).await
-                {
-                    debug!(lock, slot, error = %e, "failed to give back an unconfirmed grant");
-                }
+        let named_next = {
+            let Some(_writing) = self.claims.withdrawal(lock, ticket).await else { return };
+            let withdrawn = self.claims.uid(lock);
+            if let Err(e) = self.delete_claim(lock).await {
+                debug!(lock, error = %e, "failed to delete claim");
             }
-            slot += 1;
+            // On any slot: slot 0 says how many there are.
+            let mut slots = 1;
+            let mut slot = 0;
+            let mut named_next = None;
+            while slot < slots {
+                if let Ok(Some(lease)) = self.store.get(&slot::lease_name(lock, slot)).await {
+                    if slot == 0 {
+                        slots = edit::permits(&lease);
+                        named_next = withdrawn.clone().filter(|uid| names_next(&lease, uid));
+                    }
+                    if edit::names_us(&lease, &self.identity) {
+                        self.give_back_unanswered(lock, slot, &lease).await;
+                    }
+                }
+                slot += 1;
+            }
+            named_next
+        };
+        // In the background: the caller's answer (a timeout, say) does not wait for it,
+        // and the watch ends by itself.
+        if let Some(uid) = named_next {
+            let (claimant, lock) = (self.clone(), lock.to_owned());
+            tokio::spawn(async move { claimant.give_back_handoffs(&lock, &uid).await });
+        }
+    }
+
+    /// Gives back a grant on `lease` (slot `slot` of `lock`) that we never reported held:
+    /// handed on to the waiter recorded as next, or cleared.
+    async fn give_back_unanswered(&self, lock: &str, slot: u32, lease: &Lease) {
+        let back = crate::lease::next::handed_on(lease, Timestamp::now()).unwrap_or_else(|| edit::released(lease));
+        if let Err(e) = self.store.replace(&back).await {
+            debug!(lock, slot, error = %e, "failed to give back an unconfirmed grant");
+        }
+    }
+
+    /// While `lock`'s Lease names our withdrawn claim `uid` as next, gives back a grant on
+    /// that claim as it arrives; done once the Lease names another (or nobody), after a
+    /// grant given back, or after [`WITHDRAWN_NEXT_WATCH`].
+    async fn give_back_handoffs(&self, lock: &str, uid: &str) {
+        let mut states = self.watches.states(&slot::lease_name(lock, 0));
+        let deadline = tokio::time::Instant::now() + WITHDRAWN_NEXT_WATCH;
+        while let Ok(Some(Some(lease))) = tokio::time::timeout_at(deadline, states.next()).await {
+            if edit::names_us(&lease, &self.identity) && edit::claim_uid(&lease) == Some(uid) {
+                debug!(lock, "handed a withdrawn claim: giving it back");
+                return self.give_back_unanswered(lock, 0, &lease).await;
+            }
+            if !names_next(&lease, uid) {
+                return;
+            }
         }
     }
 }
+
+/// Whether `lease` names the claim with `uid` as the next waiter.
+fn names_next(lease: &Lease, uid: &str) -> bool {
+    crate::lease::next::of_lease(lease).is_some_and(|n| n.claim_uid == uid)
+}
+
+/// How long a withdrawn claim the lock's Lease names as next is watched for a handoff to
+/// it: the controller names another within moments of seeing the claim go; a release that
+/// hands on later, with no controller running that long, leaves the grant to the
+/// controller, which revokes it unanswered.
+const WITHDRAWN_NEXT_WATCH: Duration = Duration::from_secs(30);
 
 /// The lifetime of a first claim, made before the lock's timing is read.
 const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(45);

@@ -260,13 +260,25 @@ impl Renewer {
     /// Clears the holder if the Lease still names our hold — granted (a release) or being
     /// drained with our token (an acknowledgement) — by compare-and-swap, re-reading on
     /// conflict.
+    ///
+    /// A release hands the lock on to the waiter the controller recorded as next, when it
+    /// recorded one; a guard that refuses the handoff (one older than this claimant) gets
+    /// the plain release instead, and the controller grants.
     async fn give_back(&self) -> GaveBack {
         let mut lease = self.lease.clone();
+        let mut hand_on = true;
         for _ in 0..5 {
             let draining = edit::draining(&lease).is_some();
-            let Some(cleared) = edit::given_back(&lease, &self.claimant.identity, self.token) else {
+            let identity = &self.claimant.identity;
+            let cleared = if hand_on {
+                edit::given_back_or_handed_on(&lease, identity, self.token, Timestamp::now())
+            } else {
+                edit::given_back(&lease, identity, self.token)
+            };
+            let Some(cleared) = cleared else {
                 return GaveBack::Nothing;
             };
+            let handing_on = edit::holder(&cleared).is_some();
             match self.claimant.store.replace(&cleared).await {
                 Ok(_) => {
                     self.claimant.returned(&self.lock, self.token);
@@ -277,6 +289,10 @@ impl Renewer {
                     Ok(None) => return GaveBack::Nothing,
                     Err(_) => return GaveBack::Unanswered,
                 },
+                Err(CasError::Forbidden { message, .. }) if handing_on => {
+                    warn!(lock = %self.lock, error = %message, "the lock Lease's guard refused the handoff; releasing instead");
+                    hand_on = false;
+                }
                 Err(e @ (CasError::Timeout { .. } | CasError::Api { .. })) => {
                     warn!(lock = %self.lock, error = %e, "failed to clear the holder; trying again");
                     return GaveBack::Unanswered;

@@ -102,6 +102,10 @@ pub struct SlotMemory {
     /// long that took is recorded when we do ([`super::confirm::Latencies`]). Forgetting it
     /// loses one such time, nothing else.
     pub awaiting: Option<(i64, std::time::Instant)>,
+    /// The slot Lease's `leaseTransitions` as last seen or written by us: every grant adds
+    /// one, so a rise we did not write counts the grants holders wrote in their releases
+    /// (handoffs), even those that ended before we saw them.
+    pub transitions: Option<i32>,
 }
 
 /// The status a reconcile last applied to a lock: as written until the cached lock shows

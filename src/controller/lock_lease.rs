@@ -88,6 +88,7 @@ pub async fn write(
     ctx.with_memory(key, uid, |m| {
         let s = m.slot(slot);
         s.seen = Some(super::recreate::seen(&written));
+        s.transitions = written.spec.as_ref().and_then(|spec| spec.lease_transitions);
         s.written = Some(Box::new((replaced, written.clone())));
     });
     Ok(written)

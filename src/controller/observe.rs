@@ -9,10 +9,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::context::{ClaimSeen, Context, LockKey};
+use super::context::{ClaimSeen, Context, LockKey, SlotMemory};
 use super::decide::Tokens;
 use super::error::Error;
 use super::plan::{self, HoldClock, Observation, SlotView, Waiting};
+use super::status::{Granted, Outcome};
+use super::view::Claim;
 use super::view::{self, LeaseState};
 use super::{claims, clocks, coalesce, confirm, force_requests, pods, recreate};
 use crate::crd::DistributedLock;
@@ -25,9 +27,9 @@ pub fn known_token(ctx: &Context, key: &LockKey, lock: &DistributedLock) -> i64 
 }
 
 /// The tokens known, from every source we trust: status, our memory, and every slot
-/// Lease's annotation unless one is above what a controller could have minted. A slot
-/// Lease without a readable token may have lost one above status's: it counts as carrying
-/// `untokened`, the highest status lets us assume issued.
+/// Lease's token and next waiter's token unless one is above what a controller could have
+/// minted. A slot Lease without a readable token may have lost one above status's: it
+/// counts as carrying `untokened`, the highest status lets us assume issued.
 fn tokens<'a>(known: i64, untokened: i64, leases: impl Iterator<Item = &'a Lease>, wall_ms: i64) -> Tokens {
     let ceiling = token::ceiling(known, wall_ms);
     let mut highest = known;
@@ -36,8 +38,57 @@ fn tokens<'a>(known: i64, untokened: i64, leases: impl Iterator<Item = &'a Lease
             Some(found) if found > ceiling => return Tokens::Tampered { found, ceiling },
             found => highest = highest.max(found.unwrap_or(untokened)),
         }
+        // The token minted for the next waiter's grant: a release may record it any time.
+        match crate::lease::next::of_lease(lease).map(|n| n.token) {
+            Some(found) if found > ceiling => return Tokens::Tampered { found, ceiling },
+            found => highest = highest.max(found.unwrap_or(0)),
+        }
     }
     Tokens::Known(highest)
+}
+
+/// How many grants holders wrote on `lease` since `memory` last saw or wrote it: the rise
+/// of its `leaseTransitions`, which every grant raises by one (the guard holds a handoff
+/// to that). Nothing on a first look, or on a Lease re-created since.
+fn handoffs_since(memory: &mut SlotMemory, lease: &Lease) -> u32 {
+    let now = lease.spec.as_ref().and_then(|s| s.lease_transitions);
+    let rise = match (memory.transitions, now) {
+        (Some(before), Some(now)) if now > before => u32::try_from(now - before).unwrap_or(0),
+        _ => 0,
+    };
+    memory.transitions = now;
+    rise
+}
+
+/// The grants releasing holders wrote (handoffs), counted from each slot's rise in
+/// transitions (`handed_on`): the current hold of a slot they left held, granted when its
+/// `acquireTime` says with no time between the release and the grant (one write), having
+/// waited since its claim's request; and how many ended before we looked.
+fn handoffs<'a>(
+    slots: impl Iterator<Item = (((u32, &'a Lease), &'a LeaseState), &'a u32)>,
+    claims: &[Claim],
+    wall: Timestamp,
+) -> Outcome {
+    let mut outcome = Outcome::default();
+    for (((slot, _), state), &rise) in slots.filter(|(_, rise)| **rise > 0) {
+        let LeaseState::Held(hold) = state else {
+            outcome.unseen += rise;
+            continue;
+        };
+        outcome.unseen += rise - 1;
+        let acquired = hold.acquire_time.unwrap_or(wall);
+        let claim = claims.iter().find(|c| hold.granted_on(c));
+        let waited = claim.map_or(0.0, |c| acquired.duration_since(c.requested).as_secs_f64().max(0.0));
+        outcome.granted.push(Granted {
+            slot,
+            identity: hold.identity.id.clone(),
+            token: hold.token.unwrap_or_default(),
+            acquired,
+            waited_seconds: waited,
+            handoff_ms: Some(0),
+        });
+    }
+    outcome
 }
 
 /// One slot's clocks, judged on our clock and kept in memory: of the hold's renewal and
@@ -62,7 +113,7 @@ pub async fn observe<'a>(
     let states: Vec<LeaseState> = leases.iter().map(|(_, l)| view::lease_state(l)).collect();
     let found = claims::of_lock(ctx, key, &spec_terms.timing);
 
-    let (ages, clocks, spent, given_back, refused, misses, confirmed) = ctx.with_memory(key, &uid, |m| {
+    let (ages, clocks, spent, given_back, refused, misses, confirmed, handed_on) = ctx.with_memory(key, &uid, |m| {
         m.claims.retain(|uid, _| found.iter().any(|c| &c.uid == uid));
         let ages: Vec<(Duration, Duration)> = found
             .iter()
@@ -82,8 +133,10 @@ pub async fn observe<'a>(
         let mut clocks = Vec::with_capacity(leases.len());
         // When our grants seen confirmed for the first time were written.
         let mut confirmed = Vec::new();
+        let mut handed_on = Vec::with_capacity(leases.len());
         for ((slot, lease), state) in leases.iter().zip(&states) {
             let memory = m.slot(*slot);
+            handed_on.push(handoffs_since(memory, lease));
             if let (LeaseState::Held(h), Some((token, written))) = (state, memory.awaiting)
                 && h.confirmed
                 && h.token == Some(token)
@@ -130,6 +183,21 @@ pub async fn observe<'a>(
         if let Some(token) = answered.max() {
             m.misses.answered(token);
         }
+        // A hold handed on was released by its holder: the grant before it was answered.
+        let after_handoff = states.iter().zip(&handed_on).filter_map(|(state, n)| match state {
+            LeaseState::Held(h) if *n > 0 => h.token,
+            _ => None,
+        });
+        if let Some(token) = after_handoff.max() {
+            m.misses.answered(token);
+        }
+        // Counted now, kept until a status write lands (as what a reconcile did is): this
+        // reconcile may end before its own writes, and the rise is not seen again.
+        let seen =
+            handoffs(leases.iter().map(|(slot, lease)| (*slot, lease)).zip(&states).zip(&handed_on), &found, wall);
+        if seen != Outcome::default() {
+            m.pending = Some(super::status::merge(m.pending.take(), seen));
+        }
         let given_back: Vec<(String, Duration)> =
             m.claims.iter().filter_map(|(uid, seen)| Some((uid.clone(), now - seen.given_back?))).collect();
         let refused: Vec<String> = found
@@ -137,8 +205,13 @@ pub async fn observe<'a>(
             .filter(|c| m.claims.get(&c.uid).and_then(|seen| seen.refused_at.as_ref()) == Some(&c.resource_version))
             .map(|c| c.uid.clone())
             .collect();
-        (ages, clocks, spent, given_back, refused, m.misses, confirmed)
+        (ages, clocks, spent, given_back, refused, m.misses, confirmed, handed_on)
     });
+    let handoffs: u32 = handed_on.iter().sum();
+    if handoffs > 0 {
+        ctx.metrics.grants.inc_by(u64::from(handoffs));
+        ctx.metrics.handoffs.inc_by(u64::from(handoffs));
+    }
     let floor = {
         let mut latencies = ctx.confirmations.lock().expect("confirmation times are never poisoned");
         for written in confirmed {
@@ -163,7 +236,8 @@ pub async fn observe<'a>(
     }
 
     // Whether the waiters at the head may be served: their Pods exist, they are among the
-    // lock's clients. Looked at in order until as many as could be granted are found.
+    // lock's clients. Looked at in order until as many as could be granted are found, and
+    // for a mutex one more: the waiter its Lease names as next once the head is granted.
     let holders: Vec<&Identity> = states
         .iter()
         .filter_map(|s| match s {
@@ -172,11 +246,12 @@ pub async fn observe<'a>(
         })
         .collect();
     let permits = plan::permits(lock) as usize;
+    let looked_for = permits + usize::from(permits == 1);
     let mut claims = Vec::with_capacity(found.len());
     let mut serveable = 0;
     for (claim, (unchanged_for, seen_for)) in found.into_iter().zip(ages) {
         let candidate = !deleting
-            && serveable < permits
+            && serveable < looked_for
             && !holders.contains(&&claim.identity)
             && unchanged_for < claim.ttl
             && !spent.contains(&claim.uid);

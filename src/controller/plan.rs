@@ -15,6 +15,7 @@
 //! in claim order; tokens are minted from one counter for the whole lock, slot after slot,
 //! so they increase across the lock and so within every slot.
 
+mod next;
 mod settle;
 mod setup;
 mod slots;
@@ -270,6 +271,9 @@ pub struct Plan {
     pub recheck: Option<Duration>,
     /// Record who holds the lock after the writes (for Pod events to find the lock).
     pub track_holder: bool,
+    /// Tokens minted for the grant of the waiter a slot Lease names as next (a release
+    /// may hand the lock on with it), by slot.
+    pub reserved: Vec<(u32, i64)>,
 }
 
 impl Plan {
@@ -289,12 +293,14 @@ impl Plan {
             announce: None,
             recheck: None,
             track_holder: false,
+            reserved: Vec::new(),
         }
     }
 
-    /// The token this plan's write records, if it mints one.
+    /// The highest token this plan's write records, if it mints one.
     pub fn minted(&self) -> Option<i64> {
-        self.grants.iter().map(|g| g.token).chain(self.revocations.iter().map(|r| r.raised_to)).max()
+        let reserved = self.reserved.iter().map(|(_, t)| *t);
+        self.grants.iter().map(|g| g.token).chain(self.revocations.iter().map(|r| r.raised_to)).chain(reserved).max()
     }
 }
 
@@ -486,6 +492,7 @@ fn status_after(
             revoked: plan.revocations.iter().map(|r| (r.slot, r.reason)).collect(),
             forced,
             history: Vec::new(),
+            unseen: 0,
         },
         approvals: o.required,
         permits: permits(o.lock),

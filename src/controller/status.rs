@@ -50,6 +50,9 @@ pub struct Outcome {
     pub forced: Option<ForceRelease>,
     /// Force-release happenings to add to the lock's history.
     pub history: Vec<ForceReleaseEntry>,
+    /// Grants holders wrote in their releases (handoffs) whose holds ended before we saw
+    /// them: each was granted once and released once.
+    pub unseen: u32,
 }
 
 /// What two reconciles did, as one: a pending outcome (its status write failed) followed
@@ -61,6 +64,7 @@ pub fn merge(pending: Option<Outcome>, new: Outcome) -> Outcome {
         revoked: pending.revoked.into_iter().chain(new.revoked).collect(),
         forced: new.forced.or(pending.forced),
         history: pending.history.into_iter().chain(new.history).collect(),
+        unseen: pending.unseen.saturating_add(new.unseen),
     }
 }
 
@@ -218,6 +222,9 @@ pub fn desired(i: &Inputs) -> DistributedLockStatus {
             Some(_) => stats.expirations += 1,
         }
     }
+    let unseen = i64::from(i.outcome.unseen);
+    stats.grants += unseen;
+    stats.releases += unseen;
     if let Some(g) = i.outcome.granted.last() {
         stats.grants += i.outcome.granted.len() as i64;
         stats.last_wait_seconds = Some((g.waited_seconds * 1000.0).round() / 1000.0);

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod election;
 pub mod granted;
 pub mod identity;
+pub mod next;
 pub mod retry;
 pub mod revoke;
 pub mod slot;

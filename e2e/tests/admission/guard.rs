@@ -1,7 +1,8 @@
 //! The guard policies on the real apiserver, against pods holding the client's RBAC: only
 //! the controller creates, deletes or grants a lock Lease; a holder only renews (never
-//! while draining) or releases; a claimant has one claim per lock, under its own name,
-//! and nobody else changes or deletes it.
+//! while draining), releases, or hands on to the waiter recorded as next ([`super::handoff`]);
+//! a claimant has one claim per lock, under its own name, and nobody else changes or
+//! deletes it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -66,7 +67,7 @@ async fn admin_identity(env: &Env, name: &str) -> ControllerIdentity {
 }
 
 /// A namespace with the guard in force and a controller exempt from it.
-async fn guarded(prefix: &str) -> (Env, ControllerIdentity, crate::support::LeaseholdProcess) {
+pub(super) async fn guarded(prefix: &str) -> (Env, ControllerIdentity, crate::support::LeaseholdProcess) {
     let env = Env::new(prefix).await;
     let controller = controller_identity(&env).await;
     env.apply_lease_guard(&controller.user).await;
@@ -76,7 +77,7 @@ async fn guarded(prefix: &str) -> (Env, ControllerIdentity, crate::support::Leas
 
 /// A lock renewed every 400 s: no renewal races the test's own writes (each a
 /// compare-and-swap on the version it read, as the product's).
-fn quiet() -> DistributedLockSpec {
+pub(super) fn quiet() -> DistributedLockSpec {
     DistributedLockSpec {
         lease_duration_seconds: 600,
         renew_deadline_seconds: 500,
@@ -110,7 +111,7 @@ pub async fn grant_lease_rights(env: &Env, pods: &[&TestPod]) {
     }
 }
 
-const DRY_RUN: PostParams = PostParams { dry_run: true, field_manager: None };
+pub(super) const DRY_RUN: PostParams = PostParams { dry_run: true, field_manager: None };
 
 #[tokio::test]
 async fn a_client_cannot_delete_or_create_a_lock_lease_nor_write_a_free_one() {
@@ -200,7 +201,7 @@ async fn a_holder_may_only_renew_or_release_its_own_hold_and_not_renew_while_dra
     let mut handed = held.clone();
     handed.spec.as_mut().expect("spec").holder_identity = Some(b.identity().id);
     let message = denial(as_a.replace(LOCK, &DRY_RUN, &handed).await);
-    assert!(message.contains("may only renew it") && message.contains("or release it"), "{message}");
+    assert!(message.contains("may hand it on only to the waiter") && message.contains("(none)"), "{message}");
     let renewed_and_released = edit::released(&edit::renewed(&held, later));
     let message = denial(as_a.replace(LOCK, &DRY_RUN, &renewed_and_released).await);
     assert!(message.contains("release it (clear holderIdentity alone)"), "{message}");
@@ -224,7 +225,7 @@ async fn a_holder_may_only_renew_or_release_its_own_hold_and_not_renew_while_dra
 }
 
 /// Asserts that `result` was refused with a message containing `needle`.
-fn refused(result: kube::Result<impl std::fmt::Debug>, needle: &str) {
+pub(super) fn refused(result: kube::Result<impl std::fmt::Debug>, needle: &str) {
     let message = denial(result);
     assert!(message.contains(needle), "{message} lacks {needle:?}");
 }

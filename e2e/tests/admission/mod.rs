@@ -1,12 +1,14 @@
 //! Admission against the real apiserver, which calls the webhook server over https on
 //! 127.0.0.1 with a CA bundle: injection and certificate rotation without restart here;
-//! the guard policies ([`guard`]), client RBAC ([`rbac`]), fenced objects ([`fence`]) and audited,
-//! targeted force release ([`force`]), and force-release requests approved by a second
-//! person ([`requests`]); per-pod sidecar settings ([`pod_settings`]).
+//! the guard policies ([`guard`]) and a release's handoff under them ([`handoff`]), client
+//! RBAC ([`rbac`]), fenced objects ([`fence`]) and audited, targeted force release
+//! ([`force`]), and force-release requests approved by a second person ([`requests`]);
+//! per-pod sidecar settings ([`pod_settings`]).
 
 mod fence;
 mod force;
 mod guard;
+mod handoff;
 mod pod_settings;
 mod rbac;
 mod requests;

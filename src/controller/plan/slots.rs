@@ -151,7 +151,7 @@ fn serving_state(inputs: &decide::Inputs, state: &LeaseState) -> serve::Slot {
 }
 
 /// How serving sees a claim's mode: a writer is exclusive.
-fn mode(mode: ClaimMode) -> serve::Mode {
+pub(super) fn mode(mode: ClaimMode) -> serve::Mode {
     match mode {
         ClaimMode::Read => serve::Mode::Shared,
         ClaimMode::Write => serve::Mode::Exclusive,
@@ -204,13 +204,17 @@ pub(super) fn decide_slots(
                 deleted += 1;
                 plan.leases.push(SlotWrite { slot: case.view.slot, write: LeaseWrite::Delete });
             }
-            SlotPlan::Write(written) => match finish_slot(o, case, written) {
-                Some((write, lease)) => {
-                    plan.leases.extend(write);
-                    after.push((case.view.slot, lease));
+            SlotPlan::Write(written) => {
+                let written =
+                    super::next::record(o, case.view.slot, case.view.lease, written, serveable, &mut running, plan);
+                match finish_slot(o, case, written) {
+                    Some((write, lease)) => {
+                        plan.leases.extend(write);
+                        after.push((case.view.slot, lease));
+                    }
+                    None => plan.leases.push(SlotWrite { slot: case.view.slot, write: LeaseWrite::Delete }),
                 }
-                None => plan.leases.push(SlotWrite { slot: case.view.slot, write: LeaseWrite::Delete }),
-            },
+            }
         }
     }
     Ok((after, deleted))

@@ -102,6 +102,15 @@ fn holder_of(plan: &Plan) -> Option<String> {
     }
 }
 
+/// What slot 0's write leaves of a kept hold: its holder and token, and the waiter it
+/// names as next.
+fn kept_naming_next(plan: &Plan) -> (String, i64, Option<String>) {
+    let LeaseWrite::Replace(written) = write_of(plan) else { panic!("a write recording the next waiter") };
+    let holder = edit::holder(&written).expect("still held").to_owned();
+    let token = crate::lease::token::of_lease(&written).expect("a token");
+    (holder, token, crate::lease::next::of_lease(&written).map(|n| n.holder))
+}
+
 fn names(claims: &[Claim]) -> Vec<&str> {
     claims.iter().map(|c| c.name.as_str()).collect()
 }
@@ -254,7 +263,7 @@ fn a_renewing_holder_keeps_the_lock_and_its_own_claim_is_not_a_waiter() {
     let lease = held("h");
     let o = observation(&lock, &lease, vec![waiting("h", 1, None), waiting("b", 2, Some(true))]);
     let plan = super::plan(&o);
-    assert_eq!(write_of(&plan), LeaseWrite::Keep);
+    assert_eq!(kept_naming_next(&plan), ("u-h".to_owned(), TOKEN, Some("u-b".to_owned())));
     assert!(plan.grants.is_empty() && plan.revocations.is_empty() && plan.stale.is_empty());
     assert_eq!(names(&status(&plan).waiters), ["orders.u-b"]);
     assert_eq!(status(&plan).holds.first().map(|h| h.hold.identity.id.as_str()), Some("u-h"));
@@ -433,7 +442,7 @@ fn an_unconfirmed_grant_whose_claim_is_withdrawn_is_revoked_once_it_cannot_have_
     let o = observation(&lock, &lease, vec![waiting("b", 2, Some(true))]);
     let plan = super::plan(&o);
     assert!(plan.revocations.is_empty(), "{:?}", plan.revocations);
-    assert_eq!(write_of(&plan), LeaseWrite::Keep);
+    assert_eq!(kept_naming_next(&plan), ("u-h".to_owned(), TOKEN, Some("u-b".to_owned())));
     assert_eq!(plan.recheck, Some(14 * S), "looked at again once it cannot have been answered");
     // A lease duration after the grant: one write, to the next.
     let mut o = observation(&lock, &lease, vec![waiting("b", 2, Some(true))]);
@@ -633,3 +642,5 @@ fn a_writer_holds_every_permit_alone_and_readers_behind_it_wait_for_it() {
     let plan = super::plan(&slots_observation(&lock, &leases, claims));
     assert_eq!(granted_slots(&plan), [(0, "orders.u-r1")]);
 }
+
+mod next;

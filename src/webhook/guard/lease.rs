@@ -5,11 +5,16 @@
 //!   holder's feet and, re-created by someone else first, wedge the lock);
 //! - nobody writes a free lock Lease (only the controller grants);
 //! - only the holder writes a held one, and only to renew (`renewTime` alone changes,
-//!   refused while `leasehold.dev/draining` says the hold was revoked) or to release or
-//!   acknowledge a revocation (`holderIdentity` cleared, nothing else);
-//! - labels, annotations (token, claim, timing, draining), owner references, finalizers,
-//!   `acquireTime`, `leaseDurationSeconds`, `leaseTransitions`, `preferredHolder` and
-//!   `strategy` never change.
+//!   refused while `leasehold.dev/draining` says the hold was revoked), to release or
+//!   acknowledge a revocation (`holderIdentity` cleared, nothing else), or to hand the lock
+//!   on in its release to the waiter the controller recorded as next (`leasehold.dev/next-*`)
+//!   — exactly the grant the controller would write: that waiter, its claim, its mode and
+//!   the token minted for it (above the Lease's), `acquireTime` equal to `renewTime`, one
+//!   more `leaseTransitions`, the record and the last revocation's reason removed, never
+//!   while draining;
+//! - labels, owner references, finalizers, `leaseDurationSeconds`, `preferredHolder` and
+//!   `strategy` never change; annotations (token, claim, timing, draining, next waiter),
+//!   `acquireTime` and `leaseTransitions` change only in a handoff.
 //!
 //! The policy selects Leases labelled `leasehold.dev/role: lock` on the old or the new
 //! object (the apiserver matches an object selector against both), so removing the label
@@ -19,7 +24,13 @@
 use serde_json::{Value, json};
 
 use super::{is_requester, same_meta, same_spec};
-use crate::crd::{ANNOTATION_DRAINING as DRAINING, LABEL_ROLE, ROLE_LOCK};
+use crate::crd::{
+    ANNOTATION_CLAIM as CLAIM, ANNOTATION_CLAIM_UID as CLAIM_UID, ANNOTATION_DRAINING as DRAINING,
+    ANNOTATION_MODE as MODE, ANNOTATION_NEXT_CLAIM as NEXT_CLAIM, ANNOTATION_NEXT_CLAIM_UID as NEXT_CLAIM_UID,
+    ANNOTATION_NEXT_HOLDER as NEXT_HOLDER, ANNOTATION_NEXT_MODE as NEXT_MODE, ANNOTATION_NEXT_TOKEN as NEXT_TOKEN,
+    ANNOTATION_REVOKED as REVOKED, ANNOTATION_TOKEN as TOKEN, LABEL_ROLE, ROLE_LOCK,
+};
+use crate::lease::next::ANNOTATIONS as NEXT_ANNOTATIONS;
 
 /// Name of the policy and of its binding.
 pub const POLICY_NAME: &str = "leasehold-lease-guard";
@@ -30,15 +41,48 @@ fn variables() -> Vec<Value> {
         json!({"name": "newHolder", "expression": "object != null && has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''"}),
         json!({"name": "holderWrites", "expression": format!("request.operation == 'UPDATE' && variables.oldHolder != '' && {}", is_requester("variables.oldHolder"))}),
         json!({"name": "draining", "expression": format!("oldObject != null && has(oldObject.metadata.annotations) && '{DRAINING}' in oldObject.metadata.annotations")}),
+        json!({"name": "handsOn", "expression": "variables.holderWrites && variables.newHolder != '' && variables.newHolder != variables.oldHolder"}),
     ]
+}
+
+/// CEL list of quoted annotation keys.
+fn keys(keys: &[&str]) -> String {
+    format!("[{}]", keys.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", "))
+}
+
+/// CEL: the update is exactly the grant the controller recorded as next — see the module
+/// documentation. `old` and `new` are the two objects' annotations.
+fn handoff_is_the_recorded_grant() -> String {
+    let (old, new) = ("oldObject.metadata.annotations", "object.metadata.annotations");
+    let required = keys(&[NEXT_HOLDER, NEXT_CLAIM, NEXT_CLAIM_UID, NEXT_TOKEN]);
+    let next = keys(&NEXT_ANNOTATIONS);
+    let written =
+        keys(&[TOKEN, CLAIM, CLAIM_UID, MODE, REVOKED, NEXT_HOLDER, NEXT_CLAIM, NEXT_CLAIM_UID, NEXT_TOKEN, NEXT_MODE]);
+    [
+        "has(oldObject.metadata.annotations) && has(object.metadata.annotations)".to_owned(),
+        format!("{required}.all(k, k in {old})"),
+        format!("variables.newHolder == {old}['{NEXT_HOLDER}']"),
+        format!("{old}['{NEXT_TOKEN}'].matches('^[1-9][0-9]{{0,18}}$')"),
+        format!("(!('{TOKEN}' in {old}) || int({old}['{NEXT_TOKEN}']) > int({old}['{TOKEN}']))"),
+        format!("'{TOKEN}' in {new} && {new}['{TOKEN}'] == {old}['{NEXT_TOKEN}']"),
+        format!("'{CLAIM}' in {new} && {new}['{CLAIM}'] == {old}['{NEXT_CLAIM}']"),
+        format!("'{CLAIM_UID}' in {new} && {new}['{CLAIM_UID}'] == {old}['{NEXT_CLAIM_UID}']"),
+        format!("('{NEXT_MODE}' in {old} ? ('{MODE}' in {new} && {new}['{MODE}'] == {old}['{NEXT_MODE}']) : !('{MODE}' in {new}))"),
+        format!("!('{REVOKED}' in {new}) && {next}.all(k, !(k in {new}))"),
+        format!("{new}.all(k, k in {written} || (k in {old} && {old}[k] == {new}[k]))"),
+        format!("{old}.all(k, k in {written} || k in {new})"),
+        "has(object.spec) && has(object.spec.acquireTime) && has(object.spec.renewTime) && object.spec.acquireTime == object.spec.renewTime".to_owned(),
+        "has(object.spec.leaseTransitions) && object.spec.leaseTransitions == (has(oldObject.spec.leaseTransitions) ? oldObject.spec.leaseTransitions : 0) + 1".to_owned(),
+    ]
+    .join(" && ")
 }
 
 fn validations() -> Value {
     let update = "request.operation != 'UPDATE'";
-    let frozen_meta = ["labels", "annotations", "ownerReferences", "finalizers"].map(same_meta).join(" && ");
-    let frozen_spec = ["acquireTime", "leaseDurationSeconds", "leaseTransitions", "preferredHolder", "strategy"]
-        .map(same_spec)
-        .join(" && ");
+    let frozen_meta = ["labels", "ownerReferences", "finalizers"].map(same_meta).join(" && ");
+    let same_annotations = same_meta("annotations");
+    let frozen_spec = ["leaseDurationSeconds", "preferredHolder", "strategy"].map(same_spec).join(" && ");
+    let granted_spec = ["acquireTime", "leaseTransitions"].map(same_spec).join(" && ");
     let same_renew_time = same_spec("renewTime");
     json!([
         {
@@ -55,14 +99,26 @@ fn validations() -> Value {
         },
         {
             "expression": format!("{update} || ({frozen_meta})"),
-            "messageExpression": "'the labels, annotations (token, claim, timing, draining), owner references and finalizers of lock Lease ' + request.name + ' are written only by the Leasehold controller'",
-            "message": "the labels, annotations, owner references and finalizers of a lock Lease are written only by the Leasehold controller",
+            "messageExpression": "'the labels, owner references and finalizers of lock Lease ' + request.name + ' are written only by the Leasehold controller'",
+            "message": "the labels, owner references and finalizers of a lock Lease are written only by the Leasehold controller",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!("{update} || variables.handsOn || ({same_annotations})"),
+            "messageExpression": "'the annotations (token, claim, timing, draining, next waiter) of lock Lease ' + request.name + ' are written only by the Leasehold controller, or by its holder handing it on to the waiter recorded as next'",
+            "message": "the annotations of a lock Lease are written only by the Leasehold controller, or by its holder handing it on to the waiter recorded as next",
             "reason": "Forbidden",
         },
         {
             "expression": format!("{update} || ({frozen_spec})"),
-            "messageExpression": "'acquireTime, leaseDurationSeconds, leaseTransitions, preferredHolder and strategy of lock Lease ' + request.name + ' are written only by the Leasehold controller'",
-            "message": "acquireTime, leaseDurationSeconds, leaseTransitions, preferredHolder and strategy of a lock Lease are written only by the Leasehold controller",
+            "messageExpression": "'leaseDurationSeconds, preferredHolder and strategy of lock Lease ' + request.name + ' are written only by the Leasehold controller'",
+            "message": "leaseDurationSeconds, preferredHolder and strategy of a lock Lease are written only by the Leasehold controller",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!("{update} || variables.handsOn || ({granted_spec})"),
+            "messageExpression": "'acquireTime and leaseTransitions of lock Lease ' + request.name + ' change only with a grant: written by the Leasehold controller, or by its holder handing it on to the waiter recorded as next'",
+            "message": "acquireTime and leaseTransitions of a lock Lease change only with a grant",
             "reason": "Forbidden",
         },
         {
@@ -85,10 +141,16 @@ fn validations() -> Value {
         },
         {
             "expression": format!(
-                "!variables.holderWrites || (variables.newHolder == variables.oldHolder && has(object.spec) && has(object.spec.renewTime)) || (variables.newHolder == '' && {same_renew_time})"
+                "!variables.holderWrites || variables.handsOn || (variables.newHolder == variables.oldHolder && has(object.spec) && has(object.spec.renewTime)) || (variables.newHolder == '' && {same_renew_time})"
             ),
-            "messageExpression": "'the holder of lock Lease ' + request.name + ' may only renew it (change renewTime alone) or release it (clear holderIdentity alone), not hand it to ' + variables.newHolder",
-            "message": "the holder of a lock Lease may only renew it (change renewTime alone) or release it (clear holderIdentity alone)",
+            "messageExpression": "'the holder of lock Lease ' + request.name + ' may only renew it (change renewTime alone), release it (clear holderIdentity alone) or hand it on to the waiter recorded as next'",
+            "message": "the holder of a lock Lease may only renew it (change renewTime alone), release it (clear holderIdentity alone) or hand it on to the waiter recorded as next",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": format!("!variables.handsOn || ({})", handoff_is_the_recorded_grant()),
+            "messageExpression": format!("'the holder of lock Lease ' + request.name + ' may hand it on only to the waiter the Leasehold controller recorded as next (' + (has(oldObject.metadata.annotations) && '{NEXT_HOLDER}' in oldObject.metadata.annotations ? oldObject.metadata.annotations['{NEXT_HOLDER}'] : 'none') + '), with its claim, mode and token and nothing else changed, not to ' + variables.newHolder"),
+            "message": "the holder of a lock Lease may hand it on only to the waiter the Leasehold controller recorded as next, with its claim, mode and token and nothing else changed",
             "reason": "Forbidden",
         },
     ])
