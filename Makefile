@@ -158,7 +158,7 @@ bench-scale: controlplane ## Only the bench's scale phase, at 10,000 and 100,000
 .PHONY: test-faults
 # Test-only builds broken on purpose, each in its own target directory; the fault suite
 # must catch every one (see docs/fault-suite.md).
-BROKEN_BUILDS := ignore-renew-deadline regrant-at-once 401-transient fence-new-label writer-shares unconfirmed-at-once
+BROKEN_BUILDS := ignore-renew-deadline regrant-at-once 401-transient fence-new-label writer-shares unconfirmed-at-once guard-handoff
 test-faults: packages controlplane ## The long fault-injection suite (>= 1,000 faults) and the broken-build demonstrations.
 	for b in $(BROKEN_BUILDS); do \
 		$(CARGO) build --features broken-$$b --bin leasehold --bin leasehold-sidecar --target-dir target/broken-$$b || exit 1; done
@@ -168,6 +168,7 @@ test-faults: packages controlplane ## The long fault-injection suite (>= 1,000 f
 	LEASEHOLD_BROKEN_WEBHOOK=$(CURDIR)/target/broken-fence-new-label/debug/leasehold \
 	LEASEHOLD_BROKEN_SERVE=$(CURDIR)/target/broken-writer-shares/debug/leasehold \
 	LEASEHOLD_BROKEN_UNCONFIRMED=$(CURDIR)/target/broken-unconfirmed-at-once/debug/leasehold \
+	LEASEHOLD_BROKEN_GUARD=$(CURDIR)/target/broken-guard-handoff/debug/leasehold \
 		$(CARGO) test --test faults -- --ignored --nocapture --test-threads=1 --skip repeat_one_fault
 
 .PHONY: demo

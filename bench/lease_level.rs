@@ -1,7 +1,9 @@
 //! The protocol's own figures, at the Lease level with no sidecar in the way: grant latency
 //! (LockClaim created → grant visible on a watch of the lock Lease) and voluntary handoff
-//! (the holder's CAS clearing the holder returned → next grant visible). The claimants are
-//! the bench itself, writing exactly what a claimant writes (`leasehold::claim::edit`).
+//! (the holder's release CAS returned → next grant visible), both by a release that clears
+//! the holder (the controller grants) and by one that hands the lock on to the next waiter
+//! the Lease records. The claimants are the bench itself, writing exactly what a claimant
+//! writes (`leasehold::claim::edit`, `leasehold::lease::next`).
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +14,7 @@ use kube::Api;
 use kube::api::PostParams;
 use leasehold::claim::edit;
 use leasehold::crd::LockClaim;
-use leasehold::lease::Identity;
+use leasehold::lease::{Identity, next};
 use serde_json::json;
 
 use crate::observe::Latest;
@@ -119,11 +121,28 @@ fn split_params(params: &serde_json::Value, call: &str, part: &str) -> serde_jso
     part_params(params, part, &clock)
 }
 
+/// How the Lease-level holder lets go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Clears the holder; the controller grants the waiter (a release with no next waiter
+    /// recorded: an older claimant's, or one that raced the record).
+    Clear,
+    /// Hands the lock on, in the same write, to the next waiter the Lease records (what a
+    /// claimant's release writes).
+    HandOn,
+}
+
 /// Voluntary handoff at the Lease level between two claimant identities: the waiter's claim
-/// is queued (status lists it, plus the `settle`); the holder deletes its claim, then clears
-/// the holder by CAS (timed from that call's return); the grant to the waiter is seen on
-/// the watch, and the waiter confirms at once.
-pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, samples: usize) -> anyhow::Result<Run> {
+/// is queued (status lists it, plus the `settle`); the holder deletes its claim, then
+/// releases by CAS on the Lease as read then (timed from that call's return), as `release`
+/// says; the grant to the waiter is seen on the watch, and the waiter confirms at once.
+pub async fn handoff(
+    env: &Env,
+    lock: &str,
+    settle: Settle,
+    release: Release,
+    (warmup, samples): (usize, usize),
+) -> anyhow::Result<Run> {
     let leases = env.leases();
     let claims: Api<LockClaim> = Api::namespaced(env.ns.client.clone(), env.name());
     let dl = Latest::start(env.locks(), lock);
@@ -133,7 +152,7 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
 
     claims.create(&post, &edit::lock_claim(lock, &a, CLAIM_TTL, Timestamp::now())).await?;
     grants.wait_for(1, WAIT).await;
-    let mut held = confirm(&leases, lock, &leases.get(lock).await?).await?;
+    confirm(&leases, lock, &leases.get(lock).await?).await?;
     let (mut holder, mut waiter) = (&a, &b);
     let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
     let (mut to_observed, mut from_observed) = (Vec::new(), Vec::new());
@@ -145,13 +164,22 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
         .await?;
         tokio::time::sleep(settle.pause()).await;
         claims.delete(&holder.claim_name(lock), &Default::default()).await?;
+        // Read now: the controller writes the next waiter on the Lease as it queues.
+        let held = leases.get(lock).await?;
+        let released = match release {
+            Release::Clear => edit::released(&held),
+            Release::HandOn => {
+                let handed = next::handed_on(&held, Timestamp::now());
+                handed.with_context(|| format!("the Lease names no next waiter to hand on to ({waiter:?})"))?
+            }
+        };
         let seen_before = grants.grants().len();
         let call = Instant::now();
-        leases.replace(lock, &post, &edit::released(&held)).await.context("release")?;
+        leases.replace(lock, &post, &released).await.context("release")?;
         let (returned, returned_wall) = (Instant::now(), Timestamp::now());
         let grant = grants.wait_for(seen_before + 1, WAIT).await.pop().context("a grant")?;
         ensure!(grant.holder == waiter.id, "granted to {} instead of the waiter", grant.holder);
-        held = confirm(&leases, lock, &leases.get(lock).await?).await?;
+        confirm(&leases, lock, &leases.get(lock).await?).await?;
         if i >= warmup {
             from_return.push(ms_between(returned, grant.seen));
             from_call.push(ms_between(call, grant.seen));
@@ -162,8 +190,8 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
         std::mem::swap(&mut holder, &mut waiter);
     }
     claims.delete(&holder.claim_name(lock), &Default::default()).await?;
-    leases.replace(lock, &post, &edit::released(&held)).await?;
-    let params = json!({
+    leases.replace(lock, &post, &edit::released(&leases.get(lock).await?)).await?;
+    let mut params = json!({
         "warmup": warmup,
         "samples": samples,
         "claimants": "the bench, two identities outside any Pod, admin client",
@@ -172,9 +200,31 @@ pub async fn handoff(env: &Env, lock: &str, settle: Settle, warmup: usize, sampl
         "sample_stop": "the grant to the waiter arrived on the bench's watch of the lock Lease",
     });
     let mut run = Run::default();
+    if release == Release::HandOn {
+        params["sample_start"] =
+            json!("the holder's CAS handing the lock on to the waiter the Lease names as next returned");
+        params["sample_stop"] = json!("that grant arrived on the bench's watch of the lock Lease");
+        run.series.push(Series::new(
+            "leasehold.lease.handoff_in_release",
+            "Leasehold voluntary handoff, Lease level, handed on in the release (release CAS returned → grant visible)",
+            "Leasehold",
+            Panel::Handoff,
+            from_return,
+            params.clone(),
+        ));
+        run.series.push(Series::new(
+            "leasehold.lease.handoff_in_release_from_call",
+            "Leasehold voluntary handoff, Lease level, handed on in the release, from the release CAS call",
+            "Leasehold",
+            Panel::Handoff,
+            from_call,
+            params,
+        ));
+        return Ok(run);
+    }
     run.series.push(Series::new(
         "leasehold.lease.handoff",
-        "Leasehold voluntary handoff, Lease level (release CAS returned → next grant visible)",
+        "Leasehold voluntary handoff, Lease level, release clearing the holder (release CAS returned → the controller's grant visible)",
         "Leasehold",
         Panel::Handoff,
         from_return,

@@ -348,7 +348,8 @@ async fn bench() -> anyhow::Result<bool> {
 /// (bench/rounds.rs): the raw Lease CAS through kube-rs, a plain HTTPS client and client-go;
 /// Leasehold's uncontended acquire (with its writes per cycle and the CPU time per 1,000
 /// grants of the controller and the apiserver); the voluntary handoffs of Leasehold (via
-/// sidecars, with the steady and the short settle; at the Lease level) and of the etcd lock,
+/// sidecars, with the steady and the short settle; at the Lease level, by a release that
+/// clears the holder and by one that hands the lock on) and of the etcd lock,
 /// each with the same steady settle ([`Settle::STEADY`]); the Lease-level grant latency.
 async fn interleaved(
     env: &Env,
@@ -373,7 +374,7 @@ async fn interleaved(
         let (warmup, handoff_warmup) =
             if r == 0 { (plan.warmup, plan.handoff_warmup) } else { (plan.warmup.min(3), plan.handoff_warmup.min(2)) };
         let mut round = Run::default();
-        for step in rounds::order(9, r) {
+        for step in rounds::order(10, r) {
             let part = match step {
                 0 => {
                     let cas = floors::lease_cas(env.leases(), warmup, n).await?;
@@ -412,7 +413,14 @@ async fn interleaved(
                 5 => sidecar::handoff(env, (sa, a), (sb, b), "handoff", Settle::STEADY, handoff_warmup, n).await?,
                 6 => sidecar::handoff(env, (sa, a), (sb, b), "handoff", Settle::SHORT, handoff_warmup, n).await?,
                 7 => lease_level::grant_latency(env, "lease-grant", handoff_warmup, n).await?,
-                _ => lease_level::handoff(env, "lease-handoff", Settle::STEADY, handoff_warmup, n).await?,
+                8 => {
+                    let release = lease_level::Release::Clear;
+                    lease_level::handoff(env, "lease-handoff", Settle::STEADY, release, (handoff_warmup, n)).await?
+                }
+                _ => {
+                    let release = lease_level::Release::HandOn;
+                    lease_level::handoff(env, "lease-handon", Settle::STEADY, release, (handoff_warmup, n)).await?
+                }
             };
             round.merge(part);
         }
@@ -469,7 +477,9 @@ impl World {
     /// memory.
     async fn set_up(env: &Env, plan: &Plan) -> anyhow::Result<(World, Run)> {
         let mut names: Vec<String> =
-            ["acquire", "handoff", "lease-grant", "lease-handoff", "poddel", "appcrash"].map(str::to_owned).into();
+            ["acquire", "handoff", "lease-grant", "lease-handoff", "lease-handon", "poddel", "appcrash"]
+                .map(str::to_owned)
+                .into();
         names.extend((0..plan.held_locks).map(|i| format!("held-{i}")));
         names.extend((0..plan.crash_pairs).map(|i| format!("crash-{i}")));
         for name in &names {

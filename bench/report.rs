@@ -62,6 +62,12 @@ pub fn ratios(run: &Run) -> Vec<Ratio> {
         faster_floor_ratio(run),
         ratio(run, "kube-lease-manager handoff ÷ Leasehold handoff", "peer.klm.handoff", "leasehold.handoff"),
         ratio(run, "Leasehold Lease-level handoff ÷ etcd lock handoff", "leasehold.lease.handoff", "peer.etcd.handoff"),
+        ratio(
+            run,
+            "Leasehold Lease-level handoff in the release ÷ etcd lock handoff",
+            "leasehold.lease.handoff_in_release",
+            "peer.etcd.handoff",
+        ),
         over_faster_floor(
             run,
             "LockClaim create and Lease CAS sent together ÷ raw Lease CAS (the faster floor at each percentile)",

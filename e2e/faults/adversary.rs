@@ -1,5 +1,6 @@
 //! Writes no holder may make, attempted with a worker pod's own credentials — what a
-//! compromised or buggy app could do with the RBAC its pod is given. Each must be refused
+//! compromised or buggy app could do with the RBAC its pod is given (a waiting worker's,
+//! or the holder's for a handoff it may not write). Each must be refused
 //! (by RBAC, the Lease guard or the fenced-object webhook); the fault records what the
 //! apiserver answered, and an accepted write is a violation.
 
@@ -9,7 +10,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use leasehold::crd::{ANNOTATION_TOKEN, LABEL_FENCED_BY, LABEL_LOCK, LABEL_ROLE, LockClaim, ROLE_LOCK};
+use leasehold::claim::edit;
+use leasehold::crd::{
+    ANNOTATION_CLAIM, ANNOTATION_TOKEN, LABEL_FENCED_BY, LABEL_LOCK, LABEL_ROLE, LockClaim, ROLE_LOCK,
+};
+use leasehold::lease::{next, token};
 use serde_json::json;
 
 use super::history::{Fault, Op};
@@ -43,6 +48,7 @@ pub async fn attempt(world: &Arc<World>, kind: &'static str, lock: &str) -> Opti
         "adv-fenced-relabel" => relabel(world, &actor, lock, true).await?,
         "adv-fenced-unlabel" => relabel(world, &actor, lock, false).await?,
         "adv-fenced-delete" => fenced_delete(world, &actor, lock).await?,
+        "adv-forged-handoff" => forged_handoff(world, &actor, lock).await?,
         other => panic!("unknown adversarial write {other}"),
     };
     world.history.log(&actor.name, lock, Op::Adversary { kind, accepted, answer: what.clone() });
@@ -89,6 +95,35 @@ async fn claim_delete(world: &World, actor: &Worker, lock: &str) -> Option<Answe
     let name = other.metadata.name.clone()?;
     let mine: Api<LockClaim> = Api::namespaced(actor.pod.client.clone(), world.env.name());
     answer(mine.delete(&name, &DeleteParams::default()).await, &format!("deleted LockClaim {name}"))
+}
+
+/// With the holder's own credentials, hands the lock on in a release to the actor under a
+/// token of the holder's choosing: to a waiter the Lease does not name as next, or to the
+/// one it names but with another token than the one recorded for it.
+async fn forged_handoff(world: &World, actor: &Worker, lock: &str) -> Option<Answer> {
+    let holder = world.holder(lock)?;
+    let api = leases(&holder, world);
+    let mut lease = api.get(lock).await.ok()?;
+    if edit::holder(&lease) != Some(holder.pod.identity().id.as_str()) || edit::draining(&lease).is_some() {
+        return None;
+    }
+    let actor_id = actor.pod.identity().id;
+    let forged = match next::of_lease(&lease) {
+        Some(recorded) if recorded.holder == actor_id => recorded.token + 1,
+        _ => token::of_lease(&lease)? + 1,
+    };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    next::record(&mut lease, None);
+    let spec = lease.spec.get_or_insert_default();
+    spec.holder_identity = Some(actor_id);
+    spec.acquire_time = Some(now.clone());
+    spec.renew_time = Some(now);
+    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    let annotations = lease.metadata.annotations.get_or_insert_default();
+    annotations.insert(ANNOTATION_TOKEN.into(), forged.to_string());
+    annotations.insert(ANNOTATION_CLAIM.into(), actor.pod.identity().claim_name(lock));
+    let handed = api.replace(lock, &PostParams::default(), &lease).await;
+    answer(handed, &format!("handed on by {} to {} with token {forged}", holder.name, actor.name))
 }
 
 /// Writes the free Lease of the idle lock, naming the actor as holder.

@@ -47,6 +47,7 @@ pub const SIDECAR: &[&str] = &[
     "lease-deleted-twice",
     "app-sigkill",
     "app-hung",
+    "adv-forged-handoff",
 ];
 
 /// Faults on the semaphore and the read-write lock: those on an ordinary lock but the
@@ -74,6 +75,7 @@ pub const PERMIT: &[&str] = &[
     "lease-deleted-twice",
     "app-sigkill",
     "app-hung",
+    "adv-forged-handoff",
 ];
 
 /// Faults on the max-hold lock.

@@ -532,6 +532,31 @@ async fn broken_webhook_relabel_is_caught() {
     );
 }
 
+/// A holder cannot hand its lock on to a waiter it chooses, or with a token it chooses:
+/// only the grant the controller recorded for the next waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "with its broken counterpart: run by `make test-faults`"]
+async fn a_holder_cannot_hand_its_lock_to_whom_it_chooses() {
+    let report = scenario(Layout::plain(1, 3), &["adv-forged-handoff"], 4).await;
+    eprintln!("{report}");
+    assert!(report.violations.is_empty(), "{report}");
+    assert!(report.adversaries.get("adv-forged-handoff").is_some_and(|(refused, _, _)| *refused > 0), "{report}");
+}
+
+/// A guard built with `broken-guard-handoff` lets a holder hand its lock on as it likes:
+/// the forged handoff gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the broken guard's binary: run by `make test-faults`"]
+async fn broken_guard_handoff_is_caught() {
+    let layout = Layout { guard_bin: broken("LEASEHOLD_BROKEN_GUARD"), ..Layout::plain(1, 3) };
+    let report = scenario(layout, &["adv-forged-handoff"], 2).await;
+    eprintln!("broken guard run:\n{report}");
+    assert!(
+        report.violations.iter().any(|v| v.contains("adv-forged-handoff by") && v.contains("was accepted")),
+        "{report}"
+    );
+}
+
 /// Diagnosis helper: a sequence of faults (`FAULT_KIND`, comma-separated), `FAULT_TIMES`
 /// times, on one lock of a full world; prints what happened around each violation (around
 /// every fault with `FAULT_HISTORY` set) and fails on any violation. Not part of any suite (`make test-faults` skips it).

@@ -153,6 +153,9 @@ pub struct Layout {
     pub holder_bin: Option<String>,
     /// The binary the controllers (and the webhooks) run.
     pub controller_bin: Option<String>,
+    /// The `leasehold` binary whose `lease-guard` the world applies (`None`: this build's
+    /// guard).
+    pub guard_bin: Option<String>,
     /// The controllers' `--confirm-timeout` (`None`: their default).
     pub confirm_timeout: Option<Duration>,
 }
@@ -171,6 +174,7 @@ impl Layout {
             views_only: false,
             holder_bin: None,
             controller_bin: None,
+            guard_bin: None,
             confirm_timeout: None,
         }
     }
@@ -339,7 +343,10 @@ impl World {
             set_clock(c, "+0");
         }
         let (controller_user, controller_kubeconfig) = controller_identity(&env).await;
-        env.apply_lease_guard(&controller_user).await;
+        match &layout.guard_bin {
+            Some(bin) => env.apply_lease_guard_of(bin, &controller_user).await,
+            None => env.apply_lease_guard(&controller_user).await,
+        }
         fenced_writer_rbac(&env).await;
         let leases = LeaseLog::start(env.leases());
         let configmaps = ConfigMapLog::start(Api::namespaced(env.ns.client.clone(), env.name()));

@@ -133,9 +133,32 @@ impl Env {
     /// Applies the guard with the given exemptions, bound to this namespace only, and
     /// waits until it denies.
     pub async fn apply_guard(&self, exempt: leasehold::webhook::guard::Exempt<'_>) {
+        self.apply_policies(leasehold::webhook::guard::policies_exempting(exempt).into()).await;
+    }
+
+    /// Applies the guard as the `leasehold` binary `bin` writes it (`leasehold lease-guard`)
+    /// for `controller_user`, bound to this namespace only, and waits until it denies: a
+    /// build of the guard other than this test's own.
+    pub async fn apply_lease_guard_of(&self, bin: &str, controller_user: &str) {
+        let output = std::process::Command::new(bin)
+            .args(["lease-guard", "--controller-user", controller_user])
+            .output()
+            .expect("run leasehold lease-guard");
+        assert!(output.status.success(), "{bin} lease-guard: {}", String::from_utf8_lossy(&output.stderr));
+        let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");
+        let policies = text
+            .split("---\n")
+            .map(|doc| serde_saphyr::from_str::<Value>(doc).expect("a YAML document"))
+            .filter(|doc| doc["kind"] == "ValidatingAdmissionPolicy")
+            .collect();
+        self.apply_policies(policies).await;
+    }
+
+    /// Applies `policies`, each bound to this namespace only, and waits until they deny.
+    async fn apply_policies(&self, policies: Vec<Value>) {
         let params = PatchParams::apply("leasehold-e2e").force();
         let labels = json!({"kubernetes.io/metadata.name": self.name()});
-        for mut policy in leasehold::webhook::guard::policies_exempting(exempt) {
+        for mut policy in policies {
             let name = format!("{}-{}", policy["metadata"]["name"].as_str().expect("a name"), self.name());
             policy["metadata"]["name"] = json!(name);
             let mut binding = leasehold::webhook::guard::binding(&name, labels.as_object());

@@ -32,6 +32,10 @@ use crate::crd::{
 };
 use crate::lease::next::ANNOTATIONS as NEXT_ANNOTATIONS;
 
+/// Test only (`broken-guard-handoff`): a holder may hand its lock on to anyone, with any
+/// token and annotations, to show that the fault suite catches a guard that lets it.
+const UNGUARDED_HANDOFF: bool = cfg!(feature = "broken-guard-handoff");
+
 /// Name of the policy and of its binding.
 pub const POLICY_NAME: &str = "leasehold-lease-guard";
 
@@ -148,7 +152,7 @@ fn validations() -> Value {
             "reason": "Forbidden",
         },
         {
-            "expression": format!("!variables.handsOn || ({})", handoff_is_the_recorded_grant()),
+            "expression": if UNGUARDED_HANDOFF { "true".to_owned() } else { format!("!variables.handsOn || ({})", handoff_is_the_recorded_grant()) },
             "messageExpression": format!("'the holder of lock Lease ' + request.name + ' may hand it on only to the waiter the Leasehold controller recorded as next (' + (has(oldObject.metadata.annotations) && '{NEXT_HOLDER}' in oldObject.metadata.annotations ? oldObject.metadata.annotations['{NEXT_HOLDER}'] : 'none') + '), with its claim, mode and token and nothing else changed, not to ' + variables.newHolder"),
             "message": "the holder of a lock Lease may hand it on only to the waiter the Leasehold controller recorded as next, with its claim, mode and token and nothing else changed",
             "reason": "Forbidden",
@@ -198,6 +202,29 @@ mod tests {
         ] {
             assert!(text.contains(&format!("object.{field} == oldObject.{field}")), "{field} is not frozen");
         }
+    }
+
+    #[test]
+    fn a_handoff_must_write_exactly_what_the_controller_recorded() {
+        let rule = handoff_is_the_recorded_grant();
+        for (written, recorded) in [(TOKEN, NEXT_TOKEN), (CLAIM, NEXT_CLAIM), (CLAIM_UID, NEXT_CLAIM_UID)] {
+            let check =
+                format!("object.metadata.annotations['{written}'] == oldObject.metadata.annotations['{recorded}']");
+            assert!(rule.contains(&check), "{written} is not checked against {recorded}");
+        }
+        assert!(rule.contains(&format!("variables.newHolder == oldObject.metadata.annotations['{NEXT_HOLDER}']")));
+        assert!(rule.contains(&format!(
+            "int(oldObject.metadata.annotations['{NEXT_TOKEN}']) > int(oldObject.metadata.annotations['{TOKEN}'])"
+        )));
+        assert!(rule.contains("object.spec.acquireTime == object.spec.renewTime"), "an unconfirmed grant");
+        assert!(rule.contains("oldObject.spec.leaseTransitions : 0) + 1"), "one more transition");
+        // Every other annotation is kept, both ways.
+        assert!(rule.contains("object.metadata.annotations.all(k, k in ["));
+        assert!(rule.contains("oldObject.metadata.annotations.all(k, k in ["));
+        // Only a handoff relaxes the annotations, acquireTime and leaseTransitions.
+        let text = validations().to_string();
+        assert!(text.contains("variables.handsOn || (has(object.metadata.annotations)"), "{text}");
+        assert!(!UNGUARDED_HANDOFF || text.contains("\"expression\":\"true\""));
     }
 
     #[test]
