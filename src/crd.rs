@@ -146,7 +146,7 @@ fn default_retry_period() -> i32 {
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity"),
     printcolumn(name = "Holders", type_ = "string", json_path = ".status.heldPermits"),
-    printcolumn(name = "Token", type_ = "integer", json_path = ".status.holder.fencingToken"),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
     printcolumn(name = "Waiters", type_ = "integer", json_path = ".status.queueLength"),
     printcolumn(name = "Held", type_ = "date", json_path = ".status.holder.acquiredAt"),
     printcolumn(name = "Last-Wait", type_ = "number", json_path = ".status.stats.lastWaitSeconds"),

@@ -125,17 +125,18 @@ fn same_conditions(a: &DistributedLockStatus, b: &DistributedLockStatus) -> bool
 }
 
 /// Whether recovery from `previous` is still safe for every hold granted since (`done`,
-/// under `lease_duration`): its token within the margin, its slot held in `previous` by a
-/// holder granted for at least as long.
+/// under `lease_duration`), and for a handoff with a token reserved since: its token within
+/// the margin, its slot held in `previous` by a holder granted for at least as long.
 fn covered(
     previous: &DistributedLockStatus,
     desired: &DistributedLockStatus,
     done: &Outcome,
     lease_duration: Duration,
 ) -> bool {
+    // A token reserved for the next waiter is granted by a release, unseen: covered too.
     let tokens = match (previous.fencing_token, desired.fencing_token) {
-        (Some(written), Some(now)) => now <= written.saturating_add(TRAILING_TOKENS),
-        (written, now) => written == now,
+        (Some(written), Some(now)) => now.max(done.reserved.unwrap_or(0)) <= written.saturating_add(TRAILING_TOKENS),
+        (written, now) => written == now && done.reserved.is_none(),
     };
     let held_as_long = |slot: u32| {
         previous
@@ -304,6 +305,8 @@ mod tests {
         };
         let other_slot = granted(1, 6);
         let (at_margin, beyond) = (granted(0, past_margin - 1), granted(0, past_margin));
+        let reserved_within = Outcome { reserved: Some(past_margin - 1), ..Outcome::default() };
+        let reserved_beyond = Outcome { reserved: Some(past_margin), ..Outcome::default() };
         // (case, previous, desired, done, lease duration now, since written, expected)
         type Row<'a> = (
             &'a str,
@@ -315,6 +318,24 @@ mod tests {
             Option<Duration>,
         );
         let table: Vec<Row> = vec![
+            (
+                "a token reserved for the next waiter, within the margin",
+                &before,
+                status("a", 5, &["b", "c", "d"]),
+                &reserved_within,
+                LEASE,
+                Some(100 * MS),
+                Some(STATUS_SETTLE - 100 * MS),
+            ),
+            (
+                "a token reserved for the next waiter, past the margin",
+                &before,
+                status("a", 5, &["b", "c", "d"]),
+                &reserved_beyond,
+                LEASE,
+                Some(100 * MS),
+                None,
+            ),
             (
                 "a waiter joins a waiting queue",
                 &before,

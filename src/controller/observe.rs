@@ -27,9 +27,11 @@ pub fn known_token(ctx: &Context, key: &LockKey, lock: &DistributedLock) -> i64 
 }
 
 /// The tokens known, from every source we trust: status, our memory, and every slot
-/// Lease's token and next waiter's token unless one is above what a controller could have
-/// minted. A slot Lease without a readable token may have lost one above status's: it
-/// counts as carrying `untokened`, the highest status lets us assume issued.
+/// Lease's annotation unless one is above what a controller could have minted. A slot
+/// Lease without a readable token may have lost one above status's: it counts as carrying
+/// `untokened`, the highest status lets us assume issued. (A token reserved for a next
+/// waiter is not issued until a release hands the lock on with it: minting counts it, in
+/// the plan, and status does not.)
 fn tokens<'a>(known: i64, untokened: i64, leases: impl Iterator<Item = &'a Lease>, wall_ms: i64) -> Tokens {
     let ceiling = token::ceiling(known, wall_ms);
     let mut highest = known;
@@ -37,11 +39,6 @@ fn tokens<'a>(known: i64, untokened: i64, leases: impl Iterator<Item = &'a Lease
         match token::of_lease(lease) {
             Some(found) if found > ceiling => return Tokens::Tampered { found, ceiling },
             found => highest = highest.max(found.unwrap_or(untokened)),
-        }
-        // The token minted for the next waiter's grant: a release may record it any time.
-        match crate::lease::next::of_lease(lease).map(|n| n.token) {
-            Some(found) if found > ceiling => return Tokens::Tampered { found, ceiling },
-            found => highest = highest.max(found.unwrap_or(0)),
         }
     }
     Tokens::Known(highest)

@@ -271,8 +271,9 @@ pub struct Plan {
     pub recheck: Option<Duration>,
     /// Record who holds the lock after the writes (for Pod events to find the lock).
     pub track_holder: bool,
-    /// Tokens minted for the grant of the waiter a slot Lease names as next (a release
-    /// may hand the lock on with it), by slot.
+    /// Tokens reserved for the grant of the waiter a slot Lease names as next (a release
+    /// may hand the lock on with it), by slot: one above the highest known, so that status
+    /// covers them within the margin it may trail by.
     pub reserved: Vec<(u32, i64)>,
 }
 
@@ -297,10 +298,10 @@ impl Plan {
         }
     }
 
-    /// The highest token this plan's write records, if it mints one.
+    /// The token this plan's write records, if it mints one (a grant's or a revocation's;
+    /// not one reserved for the next waiter, which nobody holds yet).
     pub fn minted(&self) -> Option<i64> {
-        let reserved = self.reserved.iter().map(|(_, t)| *t);
-        self.grants.iter().map(|g| g.token).chain(self.revocations.iter().map(|r| r.raised_to)).chain(reserved).max()
+        self.grants.iter().map(|g| g.token).chain(self.revocations.iter().map(|r| r.raised_to)).max()
     }
 }
 
@@ -493,6 +494,7 @@ fn status_after(
             forced,
             history: Vec::new(),
             unseen: 0,
+            reserved: plan.reserved.iter().map(|(_, t)| *t).max(),
         },
         approvals: o.required,
         permits: permits(o.lock),

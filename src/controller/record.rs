@@ -41,8 +41,7 @@ pub fn lease_written(ctx: &Context, lock: &DistributedLock, key: &LockKey, plan:
     let uid = lock.uid().unwrap_or_default();
     let minted = plan.grants.iter().filter(|g| g.slot == slot).map(|g| g.token);
     let raised = plan.revocations.iter().filter(|r| r.slot == slot).map(|r| r.raised_to);
-    let reserved = plan.reserved.iter().filter(|(s, _)| *s == slot).map(|(_, t)| *t);
-    if let Some(token) = minted.chain(raised).chain(reserved).max() {
+    if let Some(token) = minted.chain(raised).max() {
         ctx.record_issued(key, token);
     }
     for drained in plan.drained.iter().filter(|d| d.slot == slot) {

@@ -53,6 +53,10 @@ pub struct Outcome {
     /// Grants holders wrote in their releases (handoffs) whose holds ended before we saw
     /// them: each was granted once and released once.
     pub unseen: u32,
+    /// The highest token reserved for a next waiter's grant (a release may hand the lock
+    /// on with it before status shows it): status must cover it within the margin it may
+    /// trail by.
+    pub reserved: Option<i64>,
 }
 
 /// What two reconciles did, as one: a pending outcome (its status write failed) followed
@@ -65,6 +69,7 @@ pub fn merge(pending: Option<Outcome>, new: Outcome) -> Outcome {
         forced: new.forced.or(pending.forced),
         history: pending.history.into_iter().chain(new.history).collect(),
         unseen: pending.unseen.saturating_add(new.unseen),
+        reserved: pending.reserved.max(new.reserved),
     }
 }
 

@@ -191,3 +191,32 @@ async fn a_refused_stale_write_is_counted_and_recorded_on_the_lock() {
     }
     hold_b.release().await;
 }
+
+#[tokio::test]
+async fn a_holder_writes_while_a_waiter_is_named_next_and_the_handoff_fences_it_out() {
+    let env = Env::new("adm-fence-next").await;
+    let _controller = env.webhook_controller(None, &[]).await;
+    env.lock(LOCK, DistributedLockSpec::default()).await;
+    let (a, b) = (env.pod("a").await, env.pod("b").await);
+    env.wait_claim_rbac(&a).await;
+    let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
+    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    let claimant_b = b.claimant(env.name());
+    let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, WAIT).await });
+    let b_id = b.identity().id;
+    let named = crate::support::watch::until(&env.leases(), LOCK, WAIT, "b named next", |l| {
+        leasehold::lease::next::of_lease(l).is_some_and(|n| n.holder == b_id)
+    })
+    .await;
+    // The token reserved for b is nobody's yet: a's writes stand until a hands on.
+    let reserved = leasehold::lease::next::of_lease(&named).expect("a record").token;
+    assert!(reserved > hold_a.token());
+    fenced_write(&cms, Some(hold_a.token()), "10").await.expect("a's write while b is named next");
+    let stale = hold_a.token();
+    assert!(hold_a.release().await.was_held);
+    let hold_b = waiting_b.await.expect("b's task").expect("b is handed the lock");
+    assert_eq!(hold_b.token(), reserved);
+    let message = denial(fenced_write(&cms, Some(stale), "11").await);
+    assert!(message.contains(&stale.to_string()) && message.contains(&reserved.to_string()), "{message}");
+    fenced_write(&cms, Some(hold_b.token()), "12").await.expect("b's write with the token it was handed");
+}

@@ -182,7 +182,13 @@ pub(super) fn decide_slots(
     (force, forced_slot): (Option<&force::Request>, usize),
     plan: &mut Plan,
 ) -> Result<(Vec<(u32, Lease)>, usize), ()> {
-    let mut running = o.tokens;
+    // Minting also goes above a token reserved for a next waiter on any slot Lease: a
+    // release may hand the lock on with it at any moment.
+    let reserved = cases.iter().filter_map(|c| crate::lease::next::of_lease(c.view.lease)).map(|n| n.token).max();
+    let mut running = match (o.tokens, reserved) {
+        (Tokens::Known(known), Some(reserved)) => Tokens::Known(known.max(reserved)),
+        (tokens, _) => tokens,
+    };
     let slots: Vec<serve::Slot> = cases.iter().map(|c| serving_state(&inputs(o, c, running, 1), &c.state)).collect();
     let modes: Vec<serve::Mode> = serveable.iter().map(|w| mode(w.claim.mode)).collect();
     let served = serve::serve(&slots, permits(o.lock) as usize, o.lock.spec.fairness, &modes);

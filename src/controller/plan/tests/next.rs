@@ -30,10 +30,12 @@ fn a_grant_names_the_waiter_behind_its_head_with_a_token_above_its_own() {
     let granted = plan.grants[0].token;
     let recorded = next_of(&plan).expect("b named as next");
     assert_eq!((recorded.holder.as_str(), recorded.claim.as_str()), ("u-b", "orders.u-b"));
-    assert!(recorded.token > granted, "{} after {granted}", recorded.token);
+    assert_eq!(recorded.token, granted + 1, "reserved one above the grant's");
     assert_eq!(plan.reserved, [(0, recorded.token)]);
-    assert_eq!(plan.minted(), Some(recorded.token), "the reserved token is the highest this plan records");
-    assert_eq!(status(&plan).token, recorded.token, "status counts it as issued");
+    assert_eq!(plan.minted(), Some(granted), "the grant's, not the reserved one");
+    let status = status(&plan);
+    assert_eq!(status.token, granted, "status shows the grant's token: fenced writes are judged against it");
+    assert_eq!(status.outcome.reserved, Some(recorded.token), "status must cover the reserved one");
 }
 
 #[test]
