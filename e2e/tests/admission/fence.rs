@@ -8,8 +8,10 @@ use leasehold::crd::{ANNOTATION_TOKEN, DistributedLock, DistributedLockSpec, LAB
 use serde_json::json;
 
 use super::{LOCK, WAIT, denial};
+use crate::support::admission::WebhookController;
 use crate::support::watch::until_gone;
 use crate::support::{Env, TestPod};
+use leasehold::claim::Hold;
 
 /// Writes ConfigMap `inventory` fenced by [`LOCK`] with `token` (server-side apply).
 pub async fn fenced_write(cms: &Api<ConfigMap>, token: Option<i64>, value: &str) -> kube::Result<ConfigMap> {
@@ -46,16 +48,22 @@ async fn a_then_b(env: &Env, cms: &Api<ConfigMap>, a: &TestPod, b: &TestPod) -> 
     (stale, b.claimant(env.name()).acquire(LOCK, WAIT).await.expect("b acquires"))
 }
 
-#[tokio::test]
-async fn a_fenced_configmap_rejects_writes_with_an_old_token() {
-    let env = Env::new("adm-fence").await;
-    let _controller = env.webhook_controller(None, &[]).await;
+/// A namespace `prefix`-… with the webhooks' controller, [`LOCK`] held by pod a, pod b,
+/// and the namespace's ConfigMaps.
+async fn held_by_a(prefix: &str) -> (Env, WebhookController, TestPod, Api<ConfigMap>, Hold) {
+    let env = Env::new(prefix).await;
+    let controller = env.webhook_controller(None, &[]).await;
     env.lock(LOCK, DistributedLockSpec::default()).await;
     let (a, b) = (env.pod("a").await, env.pod("b").await);
     env.wait_claim_rbac(&a).await;
     let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
-
     let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    (env, controller, b, cms, hold_a)
+}
+
+#[tokio::test]
+async fn a_fenced_configmap_rejects_writes_with_an_old_token() {
+    let (env, _controller, b, cms, hold_a) = held_by_a("adm-fence").await;
     let token_a = hold_a.token();
     fenced_write(&cms, Some(token_a), "10").await.expect("a write with the current token is admitted");
     let message = denial(fenced_write(&cms, None, "9").await);
@@ -194,13 +202,7 @@ async fn a_refused_stale_write_is_counted_and_recorded_on_the_lock() {
 
 #[tokio::test]
 async fn a_holder_writes_while_a_waiter_is_named_next_and_the_handoff_fences_it_out() {
-    let env = Env::new("adm-fence-next").await;
-    let _controller = env.webhook_controller(None, &[]).await;
-    env.lock(LOCK, DistributedLockSpec::default()).await;
-    let (a, b) = (env.pod("a").await, env.pod("b").await);
-    env.wait_claim_rbac(&a).await;
-    let cms: Api<ConfigMap> = Api::namespaced(env.ns.client.clone(), env.name());
-    let hold_a = a.claimant(env.name()).acquire(LOCK, WAIT).await.expect("a acquires");
+    let (env, _controller, b, cms, hold_a) = held_by_a("adm-fence-next").await;
     let claimant_b = b.claimant(env.name());
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, WAIT).await });
     let b_id = b.identity().id;
