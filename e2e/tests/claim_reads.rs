@@ -52,20 +52,14 @@ async fn a_waiting_claimant_whose_watch_shows_no_change_since_it_claimed_reads_t
     let c = env.pod("c").await;
     let _c = ManualClaimant::claim(&c, env.name(), LOCK).await;
     let c_id = c.identity().id;
-    until(&env.leases(), LOCK, WAIT, "c named next", |l: &Lease| {
-        leasehold::lease::next::of_lease(l).is_some_and(|n| n.holder == c_id)
-    })
-    .await;
+    crate::support::watch::until_named_next(&env.leases(), LOCK, &c_id, WAIT).await;
 
     let mut waiting = Waiting::start(&env, &b).await;
     waiting.refreshed().await;
     // c leaves (b is named next instead), then a lets go.
     env.claims().delete(&c.identity().claim_name(LOCK), &DeleteParams::default()).await.expect("delete c's claim");
     let b_id = b.identity().id;
-    until(&env.leases(), LOCK, WAIT, "b named next", |l: &Lease| {
-        leasehold::lease::next::of_lease(l).is_some_and(|n| n.holder == b_id)
-    })
-    .await;
+    crate::support::watch::until_named_next(&env.leases(), LOCK, &b_id, WAIT).await;
     release_by_hand(&env, &a).await;
     let (_, sent) = waiting.granted().await;
 

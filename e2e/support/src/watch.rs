@@ -20,6 +20,19 @@ where
     crate::lifecycle::wait_for(api, name, timeout, what, condition).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Waits until lock Lease `lock` names `holder` (a claimant identity) as the next waiter,
+/// and returns that version.
+pub async fn until_named_next(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    lock: &str,
+    holder: &str,
+    timeout: Duration,
+) -> k8s_openapi::api::coordination::v1::Lease {
+    let what = format!("{holder} named next on {lock}");
+    until(leases, lock, timeout, &what, |l| leasehold::lease::next::of_lease(l).is_some_and(|n| n.holder == holder))
+        .await
+}
+
 /// Waits until object `name` does not exist.
 pub async fn until_gone<K>(api: &Api<K>, name: &str, timeout: Duration, what: &str)
 where

@@ -206,10 +206,7 @@ async fn a_holder_writes_while_a_waiter_is_named_next_and_the_handoff_fences_it_
     let claimant_b = b.claimant(env.name());
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, WAIT).await });
     let b_id = b.identity().id;
-    let named = crate::support::watch::until(&env.leases(), LOCK, WAIT, "b named next", |l| {
-        leasehold::lease::next::of_lease(l).is_some_and(|n| n.holder == b_id)
-    })
-    .await;
+    let named = crate::support::watch::until_named_next(&env.leases(), LOCK, &b_id, WAIT).await;
     // The token reserved for b is nobody's yet: a's writes stand until a hands on.
     let reserved = leasehold::lease::next::of_lease(&named).expect("a record").token;
     assert!(reserved > hold_a.token());

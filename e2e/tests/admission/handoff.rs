@@ -36,10 +36,7 @@ async fn a_holder_hands_its_lock_on_only_to_the_waiter_recorded_as_next_and_with
     let claimant_b = b.claimant(env.name());
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(60)).await });
     let b_id = b.identity().id;
-    let named = until(&env.leases(), LOCK, WAIT, "b recorded as next", |l: &Lease| {
-        next::of_lease(l).is_some_and(|n| n.holder == b_id)
-    })
-    .await;
+    let named = crate::support::watch::until_named_next(&env.leases(), LOCK, &b_id, WAIT).await;
     let recorded = next::of_lease(&named).expect("a record");
     assert!(recorded.token > hold.token(), "{} after {}", recorded.token, hold.token());
     assert_eq!(recorded.claim, b.identity().claim_name(LOCK));
@@ -110,10 +107,7 @@ async fn a_holder_hands_its_lock_on_only_to_the_waiter_recorded_as_next_and_with
     let claimant_c = c.claimant(env.name());
     let _waiting_c = tokio::spawn(async move { claimant_c.acquire(LOCK, Duration::from_secs(60)).await });
     let c_id = c.identity().id;
-    let named = until(&env.leases(), LOCK, WAIT, "c recorded as next", |l: &Lease| {
-        next::of_lease(l).is_some_and(|n| n.holder == c_id)
-    })
-    .await;
+    let named = crate::support::watch::until_named_next(&env.leases(), LOCK, &c_id, WAIT).await;
     // Revoked as the controller would (stopped, so that nothing else writes the Lease).
     process.kill();
     let as_controller: Api<Lease> = Api::namespaced(controller.client.clone(), env.name());
@@ -140,10 +134,7 @@ async fn a_waiter_that_left_while_named_next_gives_back_the_lock_it_is_handed() 
     let claimant_b = b.claimant(env.name());
     let waiting_b = tokio::spawn(async move { claimant_b.acquire(LOCK, Duration::from_secs(60)).await });
     let b_id = b.identity().id;
-    until(&env.leases(), LOCK, WAIT, "b recorded as next", |l: &Lease| {
-        next::of_lease(l).is_some_and(|n| n.holder == b_id)
-    })
-    .await;
+    crate::support::watch::until_named_next(&env.leases(), LOCK, &b_id, WAIT).await;
     // With no controller running, nobody names another: a's release hands the lock to
     // b's withdrawn claim, and b gives it back.
     process.kill();
